@@ -1,0 +1,40 @@
+# AutoMDT developer entry points. Every target sets itself up on a fresh machine:
+# system packages (Debian, as root), a virtual environment in .venv with pinned
+# dependencies, and an editable install that builds the C engine.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.automdt-installed
+SYSPKG := libxxhash-dev
+
+.PHONY: setup demo test test-all bench build clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py requirements.lock $(wildcard transfer_engine/src/*.c transfer_engine/src/*.h)
+	@if [ ! -f /usr/include/xxhash.h ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSPKG)) ; \
+	  else echo "automdt: please install $(SYSPKG) (xxHash headers) as root" >&2; exit 1; fi ; fi
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.lock
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+build: setup
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+
+demo: setup
+	$(VENV)/bin/automdt demo
+
+test: setup
+	$(PY) -m pytest -q
+
+test-all: setup
+	$(PY) -m pytest -q -m ""
+
+bench: setup
+	$(PY) benchmarks/bench_engine.py
+
+clean:
+	rm -rf build *.egg-info transfer_engine/*.so $(VENV)

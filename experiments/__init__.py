@@ -1,0 +1,1 @@
+"""Scripted, reproducible comparisons of policies (scenarios -> CSV, PNG, markdown)."""

@@ -1,0 +1,1 @@
+"""Gymnasium simulator of the two staging buffers between the read, network and write stages."""
