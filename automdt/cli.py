@@ -1,0 +1,292 @@
+"""The ``automdt`` command line.
+
+Heavy modules (torch, stable-baselines3, the engine) are imported inside the commands that need
+them, so ``automdt transfer`` with a non-PPO policy never imports torch. User errors print one
+line ``automdt: ...`` on stderr and exit with a documented code (``automdt exit-codes``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import List, Optional
+
+from automdt import __version__, errors
+from automdt.errors import AutomdtError
+
+log = logging.getLogger("automdt")
+
+EPILOG_EXIT = "Exit codes: see `automdt exit-codes`."
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", metavar="R,N,W", default=None,
+                   help="static read,network,write thread counts (default 4,4,4 when no --policy)")
+    p.add_argument("--memory", metavar="BYTES", default="256Mi",
+                   help="memory cap of each staging buffer, e.g. 512Mi or 1G (default 256Mi)")
+    p.add_argument("--chunk-size", metavar="BYTES", default="4Mi", help="chunk size (default 4Mi)")
+    p.add_argument("--throttle", metavar="SPEC", default="",
+                   help="emulated bottlenecks: comma list of read.thread=, net.thread=, write.thread=, "
+                        "read.total=, net.total=, write.total= in bytes/s with K/M/G (powers of 1000)")
+    p.add_argument("--secret-file", metavar="F", help="shared secret; both ends must prove it")
+    p.add_argument("--max-threads", type=int, default=32, help="upper bound of each stage's threads (default 32)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="control interval (default 1 s)")
+    p.add_argument("--log", metavar="FILE", help="append one JSON object per interval to FILE")
+    p.add_argument("--json", action="store_true", help="print one final JSON summary on stdout (no progress display)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress display and no summary text")
+    p.add_argument("--sndbuf", metavar="BYTES", default="0", help="per-connection socket send buffer cap (emulates a TCP window)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="automdt", description=(
+        "Modular data transfers: separate read, network and write thread pools, tuned jointly."),
+        epilog=EPILOG_EXIT)
+    p.add_argument("--version", action="version", version=f"automdt {__version__}")
+    p.add_argument("--debug", action="store_true", help="log debug messages and show tracebacks")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    t = sub.add_parser("transfer", help="copy a directory tree to a local directory or a running receiver",
+                       description="Copy the contents of SRC (a directory, or one file) to DEST: a local directory "
+                                   "(a receiver then runs inside this process over loopback) or HOST:PORT[/SUBDIR] "
+                                   "of a running `automdt receive`. Files already complete and identical "
+                                   "(size and mtime, or content with --checksum) are skipped; interrupted files "
+                                   "resume from their journals.", epilog=EPILOG_EXIT)
+    t.add_argument("src")
+    t.add_argument("dest")
+    _add_engine_options(t)
+    t.add_argument("--policy", metavar="SPEC", default=None,
+                   help="thread-count policy: static:R,N,W (or use --threads)")
+    t.add_argument("--checksum", action="store_true", help="skip files by content digest instead of size+mtime")
+    t.add_argument("--max-duration", type=float, metavar="SECONDS",
+                   help="stop cleanly after SECONDS (exit 10); the next run resumes")
+    t.add_argument("--fsync", choices=["none", "file", "dir"], default="none",
+                   help="durability: fsync each file before its rename (file), and its directory after (dir)")
+    t.add_argument("--chunk-retries", type=int, default=5, help="re-sends of a corrupt chunk before failing (default 5)")
+    t.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="control-channel reply timeout")
+
+    r = sub.add_parser("receive", help="run the destination daemon",
+                       description="Serve transfers into ROOT. Listening on a non-loopback address needs "
+                                   "--secret-file. Every resource a sender asks for is clamped.", epilog=EPILOG_EXIT)
+    r.add_argument("--listen", required=True, metavar="HOST:PORT")
+    r.add_argument("--root", required=True, metavar="DIR")
+    r.add_argument("--secret-file", metavar="F")
+    r.add_argument("--max-threads", type=int, default=64, help="clamp for write threads (default 64)")
+    r.add_argument("--max-memory", default="1Gi", metavar="BYTES", help="clamp for each session's staging buffer")
+    r.add_argument("--idle-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="close a session silent this long (default 60)")
+
+    d = sub.add_parser("demo", help="create a sample dataset and transfer it locally",
+                       description="Create a sample dataset (a few large files and many small ones) and copy it "
+                                   "locally with the live display and a summary.")
+    d.add_argument("--dir", default="demo-data", help="where to create src/ and dst/ (default ./demo-data)")
+    d.add_argument("--size", default="1Gi", help="approximate dataset size (default 1Gi)")
+    d.add_argument("--threads", default="2,4,2", metavar="R,N,W")
+
+    sub.add_parser("exit-codes", help="list the exit codes")
+    return p
+
+
+def _resolve_policy(args, max_threads: int):
+    from automdt.units import parse_threads
+
+    if args.policy is None:
+        return None, parse_threads(args.threads or "4,4,4")
+    spec = args.policy
+    if spec.startswith("static:"):
+        triple = parse_threads(spec[len("static:"):])
+        return None, triple
+    try:
+        from automdt.agents.registry import make_policy
+    except ImportError:
+        raise AutomdtError(f"policy {spec!r}: only static:R,N,W is available in this build", errors.USAGE) from None
+    try:
+        pol = make_policy(spec, max_threads=max_threads)
+    except (ValueError, FileNotFoundError) as e:
+        raise AutomdtError(str(e), errors.USAGE) from None
+    start = parse_threads(args.threads) if args.threads else (1, 1, 1)
+    return pol, start
+
+
+def cmd_transfer(args) -> int:
+    from automdt.protocol import read_secret
+    from automdt.sender import TransferOptions, run_transfer
+    from automdt.units import parse_size, parse_throttle
+
+    try:
+        policy, threads = _resolve_policy(args, args.max_threads)
+        opts = TransferOptions(
+            policy=policy, threads=threads, memory=parse_size(args.memory, "memory"),
+            chunk_size=parse_size(args.chunk_size, "chunk size"), throttle=parse_throttle(args.throttle),
+            secret=read_secret(args.secret_file) if args.secret_file else None, checksum=args.checksum,
+            interval_s=args.interval, max_threads=args.max_threads, log_path=args.log,
+            max_duration_s=args.max_duration, fsync=args.fsync, chunk_retries=args.chunk_retries,
+            timeout_s=args.timeout, sndbuf=parse_size(args.sndbuf, "sndbuf"))
+    except ValueError as e:
+        raise AutomdtError(str(e), errors.USAGE) from None
+    _check_options(opts)
+    return _run_with_display(args, lambda o: run_transfer(args.src, args.dest, o), opts)
+
+
+def _check_options(opts) -> None:
+    if opts.chunk_size < 4096 or opts.chunk_size > 64 << 20:
+        raise AutomdtError("--chunk-size must be between 4Ki and 64Mi", errors.USAGE)
+    if opts.memory < opts.chunk_size:
+        raise AutomdtError("--memory must be at least one chunk", errors.USAGE)
+    if opts.interval_s <= 0 or opts.max_threads < 1:
+        raise AutomdtError("--interval must be positive and --max-threads at least 1", errors.USAGE)
+    if max(opts.threads) > opts.max_threads:
+        raise AutomdtError(f"--threads {opts.threads} above --max-threads {opts.max_threads}", errors.USAGE)
+
+
+def _run_with_display(args, run, opts) -> int:
+    show = sys.stdout.isatty() and not args.json and not args.quiet
+    if show:
+        from automdt.display import LiveProgress
+
+        with LiveProgress() as live:
+            opts.progress = live
+            summary = run(opts)
+    else:
+        summary = run(opts)
+    _report(summary, args)
+    return summary.exit_code
+
+
+def _report(summary, args) -> None:
+    d = summary.as_dict()
+    if args.json:
+        print(json.dumps(d))
+    for e in summary.errors[:20]:
+        print(f"automdt: {e}", file=sys.stderr)
+    if not args.json and not args.quiet:
+        from automdt.units import format_bytes
+
+        print(f"{d['files_transferred']} transferred, {d['files_skipped']} skipped, {d['files_failed']} failed; "
+              f"{format_bytes(d['bytes'])} in {d['seconds']:.2f} s "
+              f"({format_bytes(d['bytes_per_second'])}/s); exit {d['exit_code']}")
+
+
+def cmd_receive(args) -> int:
+    import signal
+    import threading
+
+    from automdt.protocol import read_secret
+    from automdt.receiver import ReceiverServer
+    from automdt.units import parse_hostport, parse_size
+
+    try:
+        host, port = parse_hostport(args.listen)
+        max_memory = parse_size(args.max_memory, "memory")
+    except ValueError as e:
+        raise AutomdtError(str(e), errors.USAGE) from None
+    secret = read_secret(args.secret_file) if args.secret_file else None
+    server = ReceiverServer(args.root, host, port, secret=secret, max_threads=args.max_threads,
+                            max_memory=max_memory, idle_timeout_s=args.idle_timeout)
+    stop = threading.Event()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda *_: stop.set())
+    print(f"automdt: receiving into {os.path.abspath(args.root)} on {host}:{server.port}", file=sys.stderr, flush=True)
+    server.serve_forever(stop)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from automdt.sender import TransferOptions, run_transfer
+    from automdt.units import format_bytes, parse_size, parse_threads
+
+    src = os.path.join(args.dir, "src")
+    dst = os.path.join(args.dir, "dst")
+    total = parse_size(args.size, "size")
+    made = make_sample_dataset(src, total)
+    print(f"sample dataset: {made[0]} files, {format_bytes(made[1])} in {src}; copying to {dst}")
+    args.json, args.quiet = False, False
+    opts = TransferOptions(threads=parse_threads(args.threads))
+    code = _run_with_display(args, lambda o: run_transfer(src, dst, o), opts)
+    if code == 0:
+        print(f"check it yourself: diff -r {src} {dst}")
+    return code
+
+
+def make_sample_dataset(root: str, total: int, seed: int = 7):
+    """A reproducible mixed dataset: ~80% of the bytes in a few large files, the rest in small
+    files across nested directories, plus an empty file and an empty directory."""
+    import random
+
+    rng = random.Random(seed)
+    if os.path.isdir(root) and os.path.exists(os.path.join(root, ".complete")):
+        n = b = 0
+        for dp, _, fs in os.walk(root):
+            for f in fs:
+                n += 1
+                b += os.path.getsize(os.path.join(dp, f))
+        return n, b
+    os.makedirs(root, exist_ok=True)
+    block = os.urandom(1 << 20)
+    count = written = 0
+
+    def write(path, size):
+        nonlocal count, written
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            left = size
+            while left > 0:
+                k = min(left, len(block))
+                off = rng.randrange(0, len(block) - k + 1)
+                f.write(block[off:off + k])
+                left -= k
+        count += 1
+        written += size
+
+    big = max(1, int(total * 0.8) // 4)
+    for i in range(4):
+        write(os.path.join(root, "large", f"run{i:02d}.dat"), big)
+    small_total = total - written
+    i = 0
+    while written < total and i < 5000:
+        size = rng.randint(1, max(2, min(4 << 20, small_total // 50)))
+        write(os.path.join(root, "small", f"d{i % 7}", f"e{i % 3}", f"f{i:05d}.bin"), size)
+        i += 1
+    write(os.path.join(root, "empty.txt"), 0)
+    os.makedirs(os.path.join(root, "empty-dir"), exist_ok=True)
+    with open(os.path.join(root, ".complete"), "w"):
+        pass
+    count += 1
+    return count, written
+
+
+def cmd_exit_codes(args) -> int:
+    for code, meaning in sorted(errors.EXIT_CODES.items()):
+        print(f"{code:>4}  {meaning}")
+    return 0
+
+
+COMMANDS = {"transfer": cmd_transfer, "receive": cmd_receive, "demo": cmd_demo, "exit-codes": cmd_exit_codes}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="automdt: %(message)s", stream=sys.stderr)
+    if args.command is None:
+        parser.print_help()
+        return errors.USAGE
+    try:
+        return COMMANDS[args.command](args)
+    except AutomdtError as e:
+        print(f"automdt: {e.message}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        print("automdt: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug: still one line unless --debug
+        if args.debug:
+            raise
+        print(f"automdt: internal error: {type(e).__name__}: {e} (re-run with --debug for details)", file=sys.stderr)
+        return errors.ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

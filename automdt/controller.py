@@ -1,0 +1,126 @@
+"""The one place where a policy meets the live engine.
+
+Every ``interval_s`` the controller turns the engine counters of both ends into an
+:class:`~automdt.simulator.types.Observation` (what the simulator also produces), asks the
+policy for the next (read, net, write) thread counts, applies them (read and net on the local
+sender engine, write through the control channel to the receiver), and writes one JSON line to
+the interval log.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import psutil
+
+from automdt.agents.base import Policy, clamp_triple
+from automdt.simulator.types import Observation, Triple
+
+
+def _stage(stats: Any, name: str) -> Dict[str, float]:
+    s = getattr(stats, name)
+    return s if isinstance(s, dict) else s._asdict()
+
+
+class Controller:
+    """Drives a policy at a fixed interval.
+
+    :param policy: any :class:`~automdt.agents.base.Policy`.
+    :param apply: called with the new triple whenever the policy chooses one.
+    :param interval_s: control interval in seconds.
+    :param max_threads: upper bound for each stage.
+    :param log_file: open text file for the per-interval JSON lines, or None.
+    """
+
+    def __init__(self, policy: Policy, apply: Callable[[Triple], None], interval_s: float = 1.0,
+                 max_threads: int = 32, log_file=None):
+        self.policy = policy
+        self.apply = apply
+        self.interval_s = interval_s
+        self.max_threads = max_threads
+        self.log_file = log_file
+        self.threads: Triple = (1, 1, 1)
+        self.t0 = time.monotonic()
+        self._last_t = self.t0
+        self._last: Optional[Tuple[int, int, int]] = None
+        self._last_busy: Optional[Tuple[float, ...]] = None
+        self._proc = psutil.Process()
+        self._proc.cpu_percent(None)
+        self.history: list = []
+        self.last_record: Optional[Dict[str, Any]] = None
+
+    def start(self) -> Triple:
+        self.threads = clamp_triple(self.policy.reset(self.max_threads), self.max_threads)
+        self.apply(self.threads)
+        self.t0 = self._last_t = time.monotonic()
+        return self.threads
+
+    def due(self, now: Optional[float] = None) -> bool:
+        return (time.monotonic() if now is None else now) - self._last_t >= self.interval_s
+
+    def tick(self, sender_stats: Any, receiver_stats: Dict[str, Any], now: Optional[float] = None,
+             loss: float = 0.0) -> Optional[Dict[str, Any]]:
+        """Called often; acts once an interval has passed. Returns the interval record if it acted."""
+        now = time.monotonic() if now is None else now
+        read_b = _stage(sender_stats, "read")["bytes"]
+        net_b = _stage(sender_stats, "net")["bytes"]
+        write_b = receiver_stats["write"]["bytes"] if receiver_stats else 0
+        busy = _busy(sender_stats, receiver_stats)
+        if self._last is None:
+            self._last = (read_b, net_b, write_b)
+            self._last_busy = busy
+            self._last_t = now
+            return None
+        dt = now - self._last_t
+        if dt < self.interval_s:
+            return None
+        moved = (read_b - self._last[0], net_b - self._last[1], write_b - self._last[2])
+        tput = tuple(b / dt for b in moved)
+        d = [b - a for a, b in zip(self._last_busy, busy)]
+        self._last, self._last_busy, self._last_t = (read_b, net_b, write_b), busy, now
+        sbuf = _stage(sender_stats, "buffer")
+        rbuf = receiver_stats.get("buffer", {}) if receiver_stats else {}
+        fill = (_frac(sbuf), _frac(rbuf))
+        obs = Observation(threads=self.threads, throughput_bps=tput, buffer_fill=fill, interval_s=dt,
+                          max_threads=self.max_threads, loss=loss,
+                          buffer_bytes=(int(sbuf.get("capacity_bytes", 0)), int(rbuf.get("capacity_bytes", 0))))
+        new = clamp_triple(self.policy.act(obs), self.max_threads)
+        record = {
+            "t": round(now - self.t0, 3),
+            "threads": dict(zip(("read", "net", "write"), self.threads)),
+            "throughput": dict(zip(("read", "net", "write"), (round(x, 1) for x in tput))),
+            "buffer": {"sender": round(fill[0], 4), "receiver": round(fill[1], 4)},
+            "cpu": self._proc.cpu_percent(None),
+            "policy": getattr(self.policy, "name", type(self.policy).__name__),
+            "next_threads": dict(zip(("read", "net", "write"), new)),
+            # raw counters of the interval, for exploration and profile fitting
+            "bytes": dict(zip(("read", "net", "write"), moved)),
+            "busy_s": {"read": round(d[0], 4), "net": round(d[1], 4), "write": round(d[2], 4)},
+            "wait_s": {"read": round(d[3], 4), "net": round(d[4], 4), "write": round(d[5], 4)},
+            "recv_wait_s": round(d[6], 4),
+            "interval_s": round(dt, 4),
+        }
+        if new != self.threads:
+            self.apply(new)
+            self.threads = new
+        self.history.append(record)
+        self.last_record = record
+        if self.log_file is not None:
+            self.log_file.write(json.dumps(record) + "\n")
+            self.log_file.flush()
+        return record
+
+
+def _busy(sender_stats: Any, receiver_stats: Dict[str, Any]) -> Tuple[float, ...]:
+    """(busy r, n, w, wait r, n, w, receiver recv-stage wait) thread-seconds so far."""
+    r, n = _stage(sender_stats, "read"), _stage(sender_stats, "net")
+    w = (receiver_stats or {}).get("write", {})
+    rv = (receiver_stats or {}).get("recv", {})
+    return (r["busy_s"], n["busy_s"], w.get("busy_s", 0.0), r["wait_s"], n["wait_s"], w.get("wait_s", 0.0),
+            rv.get("wait_s", 0.0))
+
+
+def _frac(buf: Dict[str, Any]) -> float:
+    cap = buf.get("capacity_bytes", 0) or 0
+    return min(1.0, max(0.0, buf.get("fill_bytes", 0) / cap)) if cap else 0.0

@@ -1,0 +1,75 @@
+"""Exit codes and the one exception type that carries them.
+
+The numbering follows rclone's 0-10 where the meaning fits, then AutoMDT's own from 11
+(see the README, "Exit codes"). Every user-facing failure is an :class:`AutomdtError`: the CLI
+prints its message on one line and exits with its code, never with a traceback.
+"""
+from __future__ import annotations
+
+OK = 0
+"""Success, including nothing to do."""
+ERROR = 1
+"""Uncategorised error."""
+USAGE = 2
+"""Bad command line, configuration, profile or policy file."""
+DIR_NOT_FOUND = 3
+"""Source directory (or destination root) not found."""
+FILE_NOT_FOUND = 4
+"""Source file not found."""
+NETWORK = 5
+"""Receiver unreachable or connection lost after retries; safe to re-run (resumes)."""
+FILES_FAILED = 6
+"""Some files failed with a non-retryable error (permissions, refused names)."""
+FATAL = 7
+"""Fatal: destination full or over quota, authentication rejected."""
+MAX_DURATION = 10
+"""``--max-duration`` reached; the next run resumes."""
+INTEGRITY = 11
+"""A chunk kept failing its checksum after re-sends; nothing was renamed into place."""
+SOURCE_CHANGED = 12
+"""A source file changed or vanished while it was read; re-run to pick up the new content."""
+LOCK_BUSY = 13
+"""Another run holds the lock."""
+INTERRUPTED = 130
+"""SIGINT (143 for SIGTERM): stopped after the journal was flushed; re-run to resume."""
+
+EXIT_CODES = {
+    OK: "success (also when nothing needed to move)",
+    ERROR: "uncategorised error",
+    USAGE: "usage, configuration, profile or policy file error",
+    DIR_NOT_FOUND: "source directory or destination root not found",
+    FILE_NOT_FOUND: "source file not found",
+    NETWORK: "receiver unreachable or connection lost; safe to re-run (resumes)",
+    FILES_FAILED: "some files failed (permissions, refused names); others completed",
+    FATAL: "fatal: destination full, or authentication rejected",
+    MAX_DURATION: "--max-duration reached; the next run resumes",
+    INTEGRITY: "integrity failure persisted after re-sends; nothing renamed into place",
+    SOURCE_CHANGED: "a source file changed or vanished during the transfer",
+    LOCK_BUSY: "another run holds the lock",
+    130: "interrupted by SIGINT (journal flushed; re-run resumes)",
+    143: "terminated by SIGTERM (journal flushed; re-run resumes)",
+}
+
+# When several problems happen in one run, the most serious code wins.
+_SEVERITY = [FATAL, INTEGRITY, NETWORK, SOURCE_CHANGED, FILES_FAILED, FILE_NOT_FOUND, ERROR]
+
+
+def worst(codes) -> int:
+    """Return the most serious of several exit codes (0 if none)."""
+    codes = set(c for c in codes if c)
+    for c in _SEVERITY:
+        if c in codes:
+            return c
+    return max(codes) if codes else OK
+
+
+class AutomdtError(Exception):
+    """A failure the user can act on: a one-line message and an exit code."""
+
+    def __init__(self, message: str, code: int = ERROR):
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])

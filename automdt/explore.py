@@ -1,0 +1,122 @@
+"""``automdt explore``: a short real transfer with random thread triples, then a fitted profile.
+
+Every interval the explorer draws a new (read, net, write) triple uniformly from
+``[1, max_threads]`` (seeded), the controller logs the engine counters of both ends, and
+:func:`automdt.simulator.fit.fit_profile` turns the samples into a profile: per-thread
+throughput from bytes per *busy* thread-second (the engine counts busy and waiting time
+separately, so a thread blocked on a full or empty buffer does not dilute the estimate) and
+stage bandwidth from the highest stage throughputs.
+
+Exploration moves the real dataset to DEST. If the dataset is exhausted before ``duration`` and
+DEST is local, further rounds copy it again into a scratch directory that is removed at the end.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from dataclasses import replace
+from typing import Any, Dict, List, Optional
+
+from automdt import errors
+from automdt.errors import AutomdtError
+from automdt.sender import TransferOptions, parse_dest, run_transfer
+
+log = logging.getLogger(__name__)
+
+SCRATCH = ".automdt-explore-scratch"
+
+
+class RandomExplorer:
+    """A policy that draws a uniformly random thread triple every interval (seeded)."""
+
+    name = "explore-random"
+
+    def __init__(self, seed: int = 0, low: int = 1):
+        self.rng = random.Random(seed)
+        self.low = low
+        self.max_threads = 32
+
+    def reset(self, max_threads: int, seed: Optional[int] = None):
+        self.max_threads = max_threads
+        return self._draw()
+
+    def act(self, obs):
+        return self._draw()
+
+    def _draw(self):
+        hi = max(self.low, self.max_threads)
+        return tuple(self.rng.randint(self.low, hi) for _ in range(3))
+
+
+def record_to_sample(rec: Dict[str, Any]) -> Dict[str, Any]:
+    """A controller interval record -> a profile-fitting sample (:mod:`automdt.simulator.fit`).
+
+    The network stage's busy time is corrected for the time the receiving threads spent waiting
+    for room in the receiver buffer: during it the sender's ``send()`` blocks on a full TCP window
+    (counted busy by the sender) although the network itself is idle.
+    """
+    st = ("read", "net", "write")
+    busy = [rec["busy_s"][s] for s in st]
+    busy[1] = max(busy[1] - rec.get("recv_wait_s", 0.0), 0.0)
+    return {
+        "t": rec["t"],
+        "threads": [rec["threads"][s] for s in st],
+        "bytes": [rec["bytes"][s] for s in st],
+        "busy_s": busy,
+        "wait_s": [rec["wait_s"][s] for s in st],
+        "interval_s": rec["interval_s"],
+        "buffer": [rec["buffer"]["sender"], rec["buffer"]["receiver"]],
+    }
+
+
+def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed: int = 0,
+            samples_path: Optional[str] = None) -> Dict[str, Any]:
+    """Run exploration; return ``{"profile": Profile, "samples": [...], "summary": ...}``."""
+    from automdt.simulator.fit import fit_profile
+
+    remote, _ = parse_dest(dest)
+    explorer = RandomExplorer(seed)
+    records: List[Dict[str, Any]] = []
+    t0 = time.monotonic()
+    rounds = 0
+    scratch = os.path.join(dest, SCRATCH) if remote is None else None
+    summaries = []
+    try:
+        while True:
+            left = duration_s - (time.monotonic() - t0)
+            if left < 2 * opts.interval_s:
+                break
+            target = dest if rounds == 0 else (os.path.join(scratch, f"round{rounds}") if scratch else None)
+            if target is None:
+                log.warning("dataset exhausted after %.0f s; exploration stops early (remote destination)",
+                            time.monotonic() - t0)
+                break
+            o = replace(opts, policy=explorer, max_duration_s=left)
+            summary = run_transfer(src, target, o)
+            summaries.append(summary)
+            hist = getattr(summary, "history", None) or []
+            records.extend(hist)
+            rounds += 1
+            if summary.exit_code not in (errors.OK, errors.MAX_DURATION):
+                raise AutomdtError("exploration transfer failed: " + "; ".join(summary.errors[:3]), summary.exit_code)
+            if summary.exit_code == errors.MAX_DURATION or summary.bytes_to_send == 0 and rounds > 1:
+                break
+    finally:
+        if scratch and os.path.isdir(scratch):
+            shutil.rmtree(scratch, ignore_errors=True)
+    samples = [record_to_sample(r) for r in records]
+    if len(samples) < 3:
+        raise AutomdtError(f"exploration gathered only {len(samples)} intervals; use a larger dataset or a longer "
+                           "--duration", errors.USAGE)
+    if samples_path:
+        with open(samples_path, "w") as f:
+            for s in samples:
+                f.write(json.dumps(s) + "\n")
+    buffers = (opts.memory, opts.memory)
+    profile = fit_profile(samples, interval_s=opts.interval_s, buffers=buffers, max_threads=opts.max_threads)
+    return {"profile": profile, "samples": samples, "rounds": rounds,
+            "seconds": time.monotonic() - t0, "summaries": summaries}

@@ -1,0 +1,122 @@
+"""The list of what a transfer moves: scanning the source tree on the sender."""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from automdt import errors
+from automdt.errors import AutomdtError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FileEntry:
+    """A regular file of the source tree.
+
+    :param id: index in the manifest (also the engine's file id).
+    :param path: name relative to the source root, ``/``-separated.
+    :param abspath: where the sender reads it.
+    :param size: bytes.
+    :param mtime_ns: modification time in nanoseconds (kept on the destination).
+    :param mode: permission bits (kept on the destination, without setuid/setgid/sticky).
+    :param digest: XXH3-128 hex digest of the content when ``--checksum`` asked for it.
+    """
+
+    id: int
+    path: str
+    abspath: str
+    size: int
+    mtime_ns: int
+    mode: int
+    digest: Optional[str] = None
+
+    def wire(self) -> dict:
+        d = {"id": self.id, "path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "mode": self.mode}
+        if self.digest is not None:
+            d["digest"] = self.digest
+        return d
+
+
+@dataclass
+class Manifest:
+    files: List[FileEntry]
+    dirs: List[str]
+    skipped: List[Tuple[str, str]]
+    """(path, reason) of entries not transferred: symlinks, sockets, devices, unreadable."""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def scan(src: str) -> Manifest:
+    """Scan ``src`` (a directory, whose contents are transferred, or a single file).
+
+    Symlinks and special files are skipped and listed in ``skipped`` (no symlink is ever
+    created on the destination). Raises :class:`AutomdtError` when ``src`` is missing.
+    """
+    try:
+        st = os.stat(src)
+    except FileNotFoundError:
+        raise AutomdtError(f"{src}: source not found", errors.DIR_NOT_FOUND) from None
+    except PermissionError:
+        raise AutomdtError(f"{src}: permission denied", errors.FILES_FAILED) from None
+    files: List[FileEntry] = []
+    dirs: List[str] = []
+    skipped: List[Tuple[str, str]] = []
+    if stat.S_ISREG(st.st_mode):
+        name = os.path.basename(os.path.abspath(src))
+        files.append(FileEntry(0, name, os.path.abspath(src), st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode) & 0o777))
+        return Manifest(files, dirs, skipped)
+    if not stat.S_ISDIR(st.st_mode):
+        raise AutomdtError(f"{src}: not a regular file or directory", errors.USAGE)
+
+    root = os.path.abspath(src)
+    stack = [("", root)]
+    while stack:
+        rel, path = stack.pop()
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except PermissionError:
+            skipped.append((rel or ".", "permission denied"))
+            continue
+        subdirs = []
+        for e in entries:
+            name = rel + "/" + e.name if rel else e.name
+            try:
+                est = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                skipped.append((name, "vanished during scan"))
+                continue
+            if stat.S_ISLNK(est.st_mode):
+                skipped.append((name, "symlink (not followed)"))
+            elif stat.S_ISDIR(est.st_mode):
+                dirs.append(name)
+                subdirs.append((name, e.path))
+            elif stat.S_ISREG(est.st_mode):
+                files.append(FileEntry(len(files), name, e.path, est.st_size, est.st_mtime_ns,
+                                       stat.S_IMODE(est.st_mode) & 0o777))
+            else:
+                skipped.append((name, "special file"))
+        stack.extend(reversed(subdirs))
+    for name, why in skipped:
+        log.warning("skipping %s: %s", name, why)
+    return Manifest(files, dirs, skipped)
+
+
+def file_digest(path: str, block: int = 4 << 20) -> str:
+    """XXH3-128 hex digest of a whole file (used by ``--checksum`` to decide what to skip)."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            b = f.read(block)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()

@@ -1,0 +1,605 @@
+"""The destination side: a control server (pyzmq ROUTER) with one session per sender.
+
+``automdt receive`` runs :class:`ReceiverServer` in the foreground; ``automdt transfer SRC DIR``
+runs one embedded in the sending process over loopback. Each session owns one engine
+:class:`~automdt.transfer_engine.Receiver` (its own data port), plans what must move (skip
+complete files, resume partial ones from their journals), opens partial files only when the
+sender activates them (a bounded window, so a tree of a million files never holds a million
+descriptors), and renames each file into place once the engine reports every chunk written and
+verified. Message flow: ``automdt/PROTOCOL.md``.
+"""
+from __future__ import annotations
+
+import errno
+import hmac
+import ipaddress
+import logging
+import os
+import shutil
+import socket
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import zmq
+
+from automdt import errors, journal, protocol
+from automdt.manifest import file_digest
+from automdt.paths import SafeRoot, UnsafePath, check_relpath, temp_names
+
+log = logging.getLogger(__name__)
+
+MIN_CHUNK = 4 << 10
+MAX_CHUNK = 64 << 20
+MAX_ACTIVE_FILES = 4096
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@dataclass
+class _File:
+    id: int
+    path: str
+    parts: Tuple[str, ...]
+    size: int
+    mtime_ns: int
+    mode: int
+    data_fd: int = -1
+    journal_fd: int = -1
+    active: bool = False
+
+
+class SessionError(Exception):
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+class Session:
+    """One sender's transfer into ``root``/``subdir``."""
+
+    def __init__(self, server: "ReceiverServer", ident: bytes):
+        self.server = server
+        self.ident = ident
+        self.state = "new"
+        self.client_nonce = ""
+        self.server_nonce = protocol.nonce()
+        self.token = b""
+        self.engine = None
+        self.root: Optional[SafeRoot] = None
+        self.base: Tuple[str, ...] = ()
+        self.chunk_size = 0
+        self.fsync = "none"
+        self.checksum = False
+        self.files: Dict[int, _File] = {}
+        self.done: List[int] = []
+        self.bad: List[List[int]] = []
+        self.file_errors: List[List[Any]] = []
+        self.fatal: Optional[Tuple[int, str]] = None
+        self.last_seen = time.monotonic()
+        self.bytes_needed = 0
+
+    # ----------------------------------------------------------------- messages
+    def handle(self, msg: Dict[str, Any]) -> Dict[str, Any]:
+        self.last_seen = time.monotonic()
+        kind = msg["type"]
+        if kind == "hello":
+            return self._hello(msg)
+        if kind == "auth":
+            return self._auth(msg)
+        if self.state not in ("authed", "open"):
+            raise SessionError("not authenticated", errors.FATAL)
+        if kind == "open":
+            return self._open(msg)
+        if self.state != "open":
+            raise SessionError(f"{kind!r} before 'open'", errors.USAGE)
+        handler = {
+            "manifest": self._manifest,
+            "activate": self._activate,
+            "poll": self._poll,
+            "missing": self._missing,
+            "fail": self._fail,
+            "close": self._close_msg,
+        }.get(kind)
+        if handler is None:
+            raise SessionError(f"unknown message type {kind!r}", errors.USAGE)
+        return handler(msg)
+
+    def _hello(self, msg):
+        if self.state != "new":
+            raise SessionError("repeated hello", errors.USAGE)
+        if msg.get("version") != protocol.VERSION:
+            raise SessionError(f"protocol version {msg.get('version')!r} not supported (this receiver speaks {protocol.VERSION})", errors.USAGE)
+        self.client_nonce = str(msg.get("nonce", ""))[:128]
+        self.state = "challenged"
+        return {"type": "challenge", "nonce": self.server_nonce, "auth": self.server.secret is not None}
+
+    def _auth(self, msg):
+        if self.state != "challenged":
+            raise SessionError("auth out of order", errors.USAGE)
+        secret = self.server.secret
+        reply: Dict[str, Any] = {"type": "welcome"}
+        if secret is not None:
+            want = protocol.mac(secret, "client", self.server_nonce, self.client_nonce)
+            if not hmac.compare_digest(str(msg.get("mac", "")), want):
+                self.server.auth_failures += 1
+                raise SessionError("authentication failed: wrong secret", errors.FATAL)
+            reply["mac"] = protocol.mac(secret, "server", self.client_nonce, self.server_nonce)
+            self.token = protocol.data_token(secret, self.server_nonce, self.client_nonce)
+        else:
+            self.token = os.urandom(32)
+            reply["token"] = self.token.hex()
+        self.state = "authed"
+        return reply
+
+    def _open(self, msg):
+        if self.state != "authed":
+            raise SessionError("repeated open", errors.USAGE)
+        from automdt.transfer_engine import Receiver
+
+        srv = self.server
+        subdir = msg.get("subdir") or ""
+        try:
+            self.base = check_relpath(subdir) if subdir else ()
+        except UnsafePath as e:
+            raise SessionError(str(e), errors.FILES_FAILED)
+        chunk = int(msg.get("chunk_size", 4 << 20))
+        if not MIN_CHUNK <= chunk <= MAX_CHUNK:
+            raise SessionError(f"chunk size {chunk} outside [{MIN_CHUNK}, {MAX_CHUNK}]", errors.USAGE)
+        memory = max(chunk, min(int(msg.get("memory", srv.max_memory)), srv.max_memory))
+        self.chunk_size = chunk
+        self.fsync = msg.get("fsync", "none") if msg.get("fsync") in ("none", "file", "dir") else "none"
+        self.checksum = bool(msg.get("checksum", False))
+        self.root = SafeRoot(srv.root)
+        try:
+            self.root.dir_fd(self.base, create=True)
+        except UnsafePath as e:
+            raise SessionError(str(e), errors.FILES_FAILED)
+        wt = msg.get("write_throttle") or [0, 0]
+        self.engine = Receiver(srv.host, 0, self.token, chunk, memory, max_threads=srv.max_threads,
+                               write_throttle=(float(wt[0]), float(wt[1])), rcvbuf=int(msg.get("rcvbuf", 0)))
+        self.engine.set_threads(srv.clamp_threads(int(msg.get("write_threads", 1))))
+        self.state = "open"
+        return {"type": "opened", "data_port": self.engine.port, "chunk_size": chunk, "memory": memory,
+                "max_threads": srv.max_threads}
+
+    def _manifest(self, msg):
+        plan = []
+        root = self.root
+        for d in msg.get("dirs", []):
+            try:
+                root.dir_fd(self.base + check_relpath(d), create=True)
+            except UnsafePath as e:
+                raise SessionError(f"refused: {e}", errors.FILES_FAILED)
+        entries = msg.get("files", [])
+        if len(self.files) + len(entries) > self.server.max_files:
+            raise SessionError(f"manifest over the receiver's limit of {self.server.max_files} files", errors.USAGE)
+        for e in entries:
+            try:
+                parts = check_relpath(e.get("path"))
+                fid, size, mtime, mode = int(e["id"]), int(e["size"]), int(e["mtime_ns"]), int(e.get("mode", 0o644))
+            except UnsafePath as ex:
+                raise SessionError(f"refused: {ex}", errors.FILES_FAILED)
+            except (KeyError, TypeError, ValueError):
+                raise SessionError(f"malformed manifest entry {str(e)[:80]}", errors.USAGE)
+            if size < 0 or fid < 0 or fid >= 2**32 or fid in self.files:
+                raise SessionError(f"malformed manifest entry {str(e)[:80]}", errors.USAGE)
+            f = _File(fid, e["path"], self.base + parts, size, mtime, mode & 0o777)
+            try:
+                action = self._plan_file(f, e.get("digest"))
+            except UnsafePath as ex:
+                self.file_errors.append([fid, errors.FILES_FAILED, f"{f.path}: {ex}"])
+                action = "fail"
+            except OSError as ex:
+                code = errors.FATAL if ex.errno in (errno.ENOSPC, errno.EDQUOT) else errors.FILES_FAILED
+                action = "fail"
+                self.file_errors.append([fid, code, f"{f.path}: {ex.strerror}"])
+                if code == errors.FATAL:
+                    raise SessionError(f"{f.path}: {ex.strerror}", code)
+            if action == "send":
+                self.files[fid] = f
+                self.bytes_needed += size
+            plan.append([fid, action])
+        self._check_space()
+        return {"type": "plan", "files": plan}
+
+    def _check_space(self) -> None:
+        try:
+            st = os.statvfs(self.root.fd)
+        except OSError:
+            return
+        free = st.f_bavail * st.f_frsize
+        if self.bytes_needed > free * 1.0 + 0:
+            need = self.bytes_needed
+            raise SessionError(f"destination {self.server.root} has {free} bytes free, the transfer needs up to {need}", errors.FATAL)
+
+    def _plan_file(self, f: _File, digest: Optional[str]) -> str:
+        dfd = self.root.dir_fd(f.parts[:-1])
+        name = f.parts[-1]
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if stat.S_ISDIR(st.st_mode):
+                raise UnsafePath("destination exists as a directory")
+            if stat.S_ISREG(st.st_mode) and st.st_size == f.size:
+                if self.checksum and digest:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                    try:
+                        same = file_digest(f"/proc/self/fd/{fd}") == digest
+                    finally:
+                        os.close(fd)
+                    if same:
+                        return "skip"
+                elif not self.checksum and st.st_mtime_ns == f.mtime_ns:
+                    return "skip"
+        if f.size == 0:
+            self._write_empty(f, dfd, name)
+            return "done"
+        return "send"
+
+    def _write_empty(self, f: _File, dfd: int, name: str) -> None:
+        tmp, jname = temp_names(f.path)
+        _unlink(tmp, dfd)
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        try:
+            os.fchmod(fd, f.mode)
+            os.utime(fd, ns=(f.mtime_ns, f.mtime_ns))
+            if self.fsync != "none":
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        _unlink(jname, dfd)
+
+    def _activate(self, msg):
+        out = []
+        for fid in msg.get("ids", []):
+            f = self.files.get(int(fid))
+            if f is None or f.active:
+                raise SessionError(f"activate: unknown or active file id {fid}", errors.USAGE)
+            if sum(1 for x in self.files.values() if x.active) >= MAX_ACTIVE_FILES:
+                raise SessionError(f"more than {MAX_ACTIVE_FILES} files active at once", errors.USAGE)
+            try:
+                ranges = self._open_partial(f)
+            except UnsafePath as ex:
+                self.file_errors.append([f.id, errors.FILES_FAILED, f"{f.path}: {ex}"])
+                out.append([f.id, "fail", []])
+                continue
+            except OSError as ex:
+                code = errors.FATAL if ex.errno in (errno.ENOSPC, errno.EDQUOT) else errors.FILES_FAILED
+                self.file_errors.append([f.id, code, f"{f.path}: {ex.strerror}"])
+                out.append([f.id, "fail", []])
+                continue
+            if not ranges:
+                self._finalize(f)
+                out.append([f.id, "done", []])
+            else:
+                out.append([f.id, "send", ranges])
+        return {"type": "activated", "files": out}
+
+    def _open_partial(self, f: _File) -> List[List[int]]:
+        """Open (or resume) the partial file; register it with the engine; return ranges to send."""
+        dfd = self.root.dir_fd(f.parts[:-1])
+        tmp, jname = temp_names(f.path)
+        cs = self.chunk_size
+        nchunks = (f.size + cs - 1) // cs
+        fp = journal.fingerprint(f.path, f.size, f.mtime_ns, cs)
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        done: List[int] = []
+        data_fd = jfd = -1
+        try:
+            data_fd = os.open(tmp, flags, dir_fd=dfd)
+            jfd = os.open(jname, flags | os.O_APPEND, dir_fd=dfd)
+            if not stat.S_ISREG(os.fstat(data_fd).st_mode) or not stat.S_ISREG(os.fstat(jfd).st_mode):
+                raise UnsafePath("partial file is not a regular file")
+            done = journal.verified_chunks(data_fd, jfd, fp, f.size, cs)
+            if not done:
+                raise FileNotFoundError  # nothing reusable: start afresh
+        except (FileNotFoundError, OSError) as ex:
+            if isinstance(ex, OSError) and ex.errno in (errno.ELOOP,):
+                raise UnsafePath("partial file is a symlink") from None
+            for fd in (data_fd, jfd):
+                if fd >= 0:
+                    os.close(fd)
+            _unlink(tmp, dfd)
+            _unlink(jname, dfd)
+            data_fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dfd)
+            jfd = os.open(jname, flags | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600, dir_fd=dfd)
+            os.write(jfd, journal.header(fp, cs))
+            os.ftruncate(data_fd, f.size)
+            done = []
+        f.data_fd, f.journal_fd, f.active = data_fd, jfd, True
+        if len(done) == nchunks:
+            return []
+        self.engine.add_file(f.id, data_fd, jfd, f.size, journal.bitmap(done, nchunks))
+        return _missing_ranges(done, nchunks, cs, f.size)
+
+    def _finalize(self, f: _File) -> None:
+        """All chunks written and verified: set metadata, (fsync,) rename into place."""
+        dfd = self.root.dir_fd(f.parts[:-1])
+        tmp, jname = temp_names(f.path)
+        os.fchmod(f.data_fd, f.mode)
+        os.utime(f.data_fd, ns=(f.mtime_ns, f.mtime_ns))
+        if self.fsync in ("file", "dir"):
+            os.fsync(f.data_fd)
+        self._release(f)
+        os.rename(tmp, f.parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+        _unlink(jname, dfd)
+        if self.fsync == "dir":
+            os.fsync(dfd)
+        del self.files[f.id]
+        self.done.append(f.id)
+
+    def _release(self, f: _File) -> None:
+        if f.active and self.engine is not None:
+            try:
+                self.engine.remove_file(f.id)
+            except (KeyError, ValueError):
+                pass
+        for fd in (f.data_fd, f.journal_fd):
+            if fd >= 0:
+                os.close(fd)
+        f.data_fd = f.journal_fd = -1
+        f.active = False
+
+    def _poll(self, msg):
+        if "write_threads" in msg and msg["write_threads"] is not None:
+            self.engine.set_threads(self.server.clamp_threads(int(msg["write_threads"])))
+        self.pump()
+        st = self.engine.stats()
+        reply = {
+            "type": "status",
+            "stats": _stats_dict(st),
+            "done": self.done,
+            "bad": self.bad,
+            "errors": self.file_errors,
+            "fatal": list(self.fatal) if self.fatal else None,
+            "now": time.monotonic(),
+        }
+        self.done, self.bad, self.file_errors = [], [], []
+        return reply
+
+    def _missing(self, msg):
+        out = {}
+        for fid in msg.get("ids", []):
+            f = self.files.get(int(fid))
+            if f is not None and f.active:
+                out[str(f.id)] = [list(r) for r in self.engine.missing(f.id)]
+        return {"type": "missing", "files": out}
+
+    def _fail(self, msg):
+        for fid in msg.get("ids", []):
+            f = self.files.pop(int(fid), None)
+            if f is not None:
+                self._release(f)  # the partial and its journal stay for a later run
+        return {"type": "ok"}
+
+    def _close_msg(self, msg):
+        self.pump()
+        self.close()
+        return {"type": "closed"}
+
+    # ------------------------------------------------------------------ engine
+    def pump(self) -> None:
+        """Drain engine events: finalize completed files, collect bad chunks and errors."""
+        if self.engine is None:
+            return
+        for ev in self.engine.events():
+            kind = ev[0]
+            if kind == "file_done":
+                f = self.files.get(ev[1])
+                if f is None:
+                    continue
+                try:
+                    self._finalize(f)
+                except OSError as ex:
+                    code = errors.FATAL if ex.errno in (errno.ENOSPC, errno.EDQUOT) else errors.FILES_FAILED
+                    self.file_errors.append([f.id, code, f"{f.path}: rename: {ex.strerror}"])
+                    self._release(f)
+                    self.files.pop(f.id, None)
+            elif kind == "chunk_bad":
+                self.bad.append([ev[1], ev[2], ev[3]])
+            elif kind == "write_error":
+                f = self.files.get(ev[1])
+                name = f.path if f else f"file #{ev[1]}"
+                code = errors.FATAL if ev[2] in (errno.ENOSPC, errno.EDQUOT) else errors.FILES_FAILED
+                msg = f"{name}: {ev[3] if len(ev) > 3 else os.strerror(ev[2])}"
+                if code == errors.FATAL and self.fatal is None:
+                    self.fatal = (code, msg)
+                elif code != errors.FATAL:
+                    self.file_errors.append([ev[1], code, msg])
+            else:
+                log.warning("session %s: %s", self.ident.hex()[:8], " ".join(str(x) for x in ev[1:]))
+
+    def close(self) -> None:
+        for f in list(self.files.values()):
+            self._release(f)
+        self.files.clear()
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        if self.root is not None:
+            self.root.close()
+            self.root = None
+        self.state = "closed"
+
+
+def _missing_ranges(done: List[int], nchunks: int, cs: int, size: int) -> List[List[int]]:
+    have = set(done)
+    out: List[List[int]] = []
+    for i in range(nchunks):
+        if i in have:
+            continue
+        off = i * cs
+        ln = min(cs, size - off)
+        if out and out[-1][0] + out[-1][1] == off:
+            out[-1][1] += ln
+        else:
+            out.append([off, ln])
+    return out
+
+
+def _unlink(name: str, dfd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+
+
+def _stats_dict(st) -> Dict[str, Any]:
+    """Engine receiver stats as plain JSON."""
+    d = st._asdict()
+    return {k: (v._asdict() if hasattr(v, "_asdict") else v) for k, v in d.items()}
+
+
+class ReceiverServer:
+    """The control server: authenticates senders and runs their sessions.
+
+    :param root: destination root directory (must exist).
+    :param host: address to listen on (control and data ports).
+    :param port: control port (0 picks a free one; see :attr:`port`).
+    :param secret: shared secret; required to listen on a non-loopback address.
+    :param max_threads: clamp for every write-thread count a sender or policy asks for.
+    :param max_memory: clamp for each session's receiver staging buffer, bytes.
+    :param idle_timeout_s: a session silent this long is closed (its partial files stay).
+    """
+
+    def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
+                 max_threads: int = 64, max_memory: int = 1 << 30, idle_timeout_s: float = 60.0,
+                 max_files: int = 10_000_000, max_sessions: int = 16):
+        if not os.path.isdir(root):
+            raise errors.AutomdtError(f"{root}: destination root is not a directory", errors.DIR_NOT_FOUND)
+        if secret is None and not is_loopback(host):
+            raise errors.AutomdtError(
+                f"refusing to listen on non-loopback address {host} without --secret-file", errors.USAGE)
+        self.root = os.path.abspath(root)
+        self.host = host
+        self.secret = secret
+        self.max_threads = max_threads
+        self.max_memory = max_memory
+        self.idle_timeout_s = idle_timeout_s
+        self.max_files = max_files
+        self.max_sessions = max_sessions
+        self.sessions: Dict[bytes, Session] = {}
+        self.auth_failures = 0
+        self.sessions_total = 0
+        self._ctx = zmq.Context()
+        self.sock = self._ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        addr = f"[{host}]" if ":" in host else host
+        if ":" in host:
+            self.sock.setsockopt(zmq.IPV6, 1)
+        try:
+            if port:
+                self.sock.bind(f"tcp://{addr}:{port}")
+                self.port = port
+            else:
+                self.port = self.sock.bind_to_random_port(f"tcp://{addr}")
+        except zmq.ZMQError as e:
+            self.sock.close(0)
+            self._ctx.term()
+            raise errors.AutomdtError(f"cannot listen on {host}:{port}: {e.strerror}", errors.USAGE) from None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def clamp_threads(self, n: int) -> int:
+        return max(1, min(int(n), self.max_threads))
+
+    def serve_forever(self, stop: Optional[threading.Event] = None) -> None:
+        stop = stop or self._stop
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while not stop.is_set():
+            if poller.poll(20):
+                try:
+                    frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    continue
+                if len(frames) != 2:
+                    continue
+                self._dispatch(frames[0], frames[1])
+            now = time.monotonic()
+            for ident, s in list(self.sessions.items()):
+                if s.state == "closed":
+                    del self.sessions[ident]
+                    continue
+                try:
+                    s.pump()
+                except Exception:  # keep serving the others
+                    log.exception("session %s failed", ident.hex()[:8])
+                    s.close()
+                if now - s.last_seen > self.idle_timeout_s:
+                    log.warning("session %s idle for %.0f s: closed (partial files kept)", ident.hex()[:8], now - s.last_seen)
+                    s.close()
+        self._shutdown()
+
+    def _dispatch(self, ident: bytes, data: bytes) -> None:
+        seq = None
+        try:
+            msg = protocol.decode(data)
+            seq = msg.get("seq")
+            s = self.sessions.get(ident)
+            if s is None:
+                if msg["type"] != "hello":
+                    raise SessionError("no session: say hello first", errors.USAGE)
+                if len(self.sessions) >= self.max_sessions:
+                    raise SessionError(f"busy: {self.max_sessions} sessions already", errors.NETWORK)
+                s = self.sessions[ident] = Session(self, ident)
+                self.sessions_total += 1
+            reply = s.handle(msg)
+        except protocol.ProtocolError as e:
+            reply = {"type": "error", "code": errors.USAGE, "message": f"protocol error: {e}"}
+            self._drop(ident)
+        except SessionError as e:
+            reply = {"type": "error", "code": e.code, "message": str(e)}
+            if e.code in (errors.FATAL, errors.FILES_FAILED, errors.USAGE):
+                self._drop(ident)
+        except errors.AutomdtError as e:
+            reply = {"type": "error", "code": e.code, "message": e.message}
+            self._drop(ident)
+        except OSError as e:
+            code = errors.FATAL if e.errno in (errno.ENOSPC, errno.EDQUOT) else errors.ERROR
+            reply = {"type": "error", "code": code, "message": f"{e.strerror or e}"}
+            self._drop(ident)
+        except (ValueError, TypeError, KeyError) as e:
+            reply = {"type": "error", "code": errors.USAGE, "message": f"bad request: {e}"}
+            self._drop(ident)
+        reply["seq"] = seq
+        try:
+            self.sock.send_multipart([ident, protocol.encode(reply)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+    def _drop(self, ident: bytes) -> None:
+        s = self.sessions.pop(ident, None)
+        if s is not None:
+            s.close()
+
+    def start(self) -> "ReceiverServer":
+        """Serve in a background thread (used for local transfers and tests)."""
+        self._thread = threading.Thread(target=self.serve_forever, name="automdt-receiver", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _shutdown(self) -> None:
+        for s in list(self.sessions.values()):
+            s.close()
+        self.sessions.clear()
+        self.sock.close(0)
+        self._ctx.term()

@@ -1,0 +1,454 @@
+"""The source side of a transfer: scan, handshake, plan, then drive the engine to completion.
+
+:func:`run_transfer` is what ``automdt transfer`` (and ``automdt explore``) call. It talks to a
+receiver over the control channel (:mod:`automdt.protocol`), feeds files to the sender engine in
+a bounded window, re-queues chunks the receiver found corrupt or missing, lets the
+:class:`~automdt.controller.Controller` set the thread counts every interval, and returns a
+:class:`Summary`.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+
+import zmq
+
+from automdt import errors, protocol
+from automdt.controller import Controller
+from automdt.errors import AutomdtError
+from automdt.manifest import Manifest, file_digest, scan
+
+log = logging.getLogger(__name__)
+
+MANIFEST_BATCH = 2000
+ACTIVATE_BATCH = 256
+
+
+@dataclass
+class TransferOptions:
+    """Options of one transfer (the CLI builds this from its flags).
+
+    :param policy: a :class:`~automdt.agents.base.Policy`; ``None`` means static ``threads``.
+    :param threads: initial/static (read, net, write) thread counts.
+    :param memory: bytes per staging buffer (sender and receiver each).
+    :param chunk_size: bytes per chunk.
+    :param throttle: ``{stage: (thread_bps, total_bps)}`` emulated bottlenecks (0 = none).
+    :param secret: shared secret bytes, or None.
+    :param checksum: decide what to skip by content digest instead of size+mtime.
+    :param interval_s: control interval.
+    :param max_threads: per-stage upper bound.
+    :param log_path: per-interval JSON-lines log file.
+    :param max_duration_s: stop cleanly after this long (exit 10; the next run resumes).
+    :param fsync: ``none``, ``file`` or ``dir`` durability on the receiver.
+    :param chunk_retries: re-sends of one chunk before the file is an integrity failure.
+    :param timeout_s: control-channel reply timeout.
+    :param stall_s: abort with the network code when nothing moves for this long.
+    :param progress: callback ``(summary_so_far, controller)`` called every tick (display).
+    :param window_files: files active (open on the receiver) at once.
+    :param fault_corrupt: test hook: the first N frames are corrupted on the wire.
+    """
+
+    policy: Any = None
+    threads: Tuple[int, int, int] = (4, 4, 4)
+    memory: int = 256 << 20
+    chunk_size: int = 4 << 20
+    throttle: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+    secret: Optional[bytes] = None
+    checksum: bool = False
+    interval_s: float = 1.0
+    max_threads: int = 32
+    log_path: Optional[str] = None
+    max_duration_s: Optional[float] = None
+    fsync: str = "none"
+    chunk_retries: int = 5
+    timeout_s: float = 30.0
+    stall_s: float = 120.0
+    progress: Optional[Callable[["Summary", Controller], None]] = None
+    window_files: int = 512
+    fault_corrupt: int = 0
+    sndbuf: int = 0
+
+
+@dataclass
+class Summary:
+    """What a run did; printed as JSON by ``--json``."""
+
+    files_total: int = 0
+    files_transferred: int = 0
+    files_skipped: int = 0
+    files_failed: int = 0
+    bytes: int = 0
+    bytes_total: int = 0
+    bytes_to_send: int = 0
+    seconds: float = 0.0
+    chunks_resent: int = 0
+    integrity_failures: int = 0
+    entries_skipped: int = 0
+    exit_code: int = 0
+    threads: Dict[str, int] = field(default_factory=dict)
+    errors: List[str] = field(default_factory=list)
+    history: List[Dict[str, Any]] = field(default_factory=list, repr=False)
+    """The controller's interval records (not part of the JSON summary)."""
+
+    def as_dict(self) -> Dict[str, Any]:
+        d = dict(self.__dict__)
+        d.pop("history", None)
+        d["bytes_per_second"] = round(self.bytes / self.seconds, 1) if self.seconds > 0 else 0.0
+        d["seconds"] = round(self.seconds, 3)
+        return d
+
+
+class _StaticPolicy:
+    """Fixed thread counts (the ``--threads`` default when no policy is given)."""
+
+    def __init__(self, triple):
+        self.triple = tuple(triple)
+        self.name = "static:%d,%d,%d" % self.triple
+
+    def reset(self, max_threads, seed=None):
+        return self.triple
+
+    def act(self, obs):
+        return self.triple
+
+
+_REMOTE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})(/.*)?$")
+
+
+def parse_dest(dest: str) -> Tuple[Optional[Tuple[str, int]], str]:
+    """``HOST:PORT[/subdir]`` -> ((host, port), subdir); a local directory -> (None, path)."""
+    m = _REMOTE.match(dest)
+    if m and not os.path.exists(dest):
+        host = m.group(1).strip("[]")
+        return (host, int(m.group(2))), (m.group(3) or "").strip("/")
+    return None, dest
+
+
+class Stop(Exception):
+    """Raised inside the loop by SIGINT/SIGTERM handlers."""
+
+    def __init__(self, code: int):
+        self.code = code
+
+
+def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
+    """Transfer the tree ``src`` to ``dest`` (local directory or ``HOST:PORT[/subdir]``)."""
+    t_start = time.monotonic()
+    manifest = scan(src)
+    remote, where = parse_dest(dest)
+    server = None
+    secret = opts.secret
+    if remote is None:
+        from automdt.receiver import ReceiverServer
+
+        try:
+            os.makedirs(where, exist_ok=True)
+        except OSError as e:
+            raise AutomdtError(f"{where}: cannot create destination: {e.strerror}", errors.DIR_NOT_FOUND) from None
+        secret = os.urandom(32)
+        server = ReceiverServer(where, "127.0.0.1", 0, secret=secret, max_threads=max(64, opts.max_threads),
+                                max_memory=max(opts.memory, 1 << 20)).start()
+        host, port, subdir = "127.0.0.1", server.port, ""
+    else:
+        (host, port), subdir = remote
+    try:
+        return _Transfer(manifest, host, port, subdir, secret, opts, t_start).run()
+    finally:
+        if server is not None:
+            server.stop()
+
+
+class _Transfer:
+    def __init__(self, manifest: Manifest, host: str, port: int, subdir: str, secret: Optional[bytes],
+                 opts: TransferOptions, t_start: float):
+        self.m = manifest
+        self.host, self.port, self.subdir = host, port, subdir
+        self.secret = secret
+        self.o = opts
+        self.t_start = t_start
+        self.summary = Summary(files_total=len(manifest.files), bytes_total=manifest.total_bytes,
+                               entries_skipped=len(manifest.skipped))
+        self.codes: List[int] = []
+        self.retries: Dict[Tuple[int, int], int] = {}
+        self.active: Dict[int, float] = {}
+        self.pending: Deque[int] = deque()
+        self.sweeps: Dict[int, int] = {}
+        self.engine = None
+        self.receiver_stats: Dict[str, Any] = {}
+        self.write_threads_sent: Optional[int] = None
+        self.want_write: Optional[int] = None
+
+    # ------------------------------------------------------------------ helpers
+    def fail(self, code: int, message: str) -> None:
+        self.codes.append(code)
+        if len(self.summary.errors) < 100:
+            self.summary.errors.append(message)
+        log.error("%s", message)
+
+    def run(self) -> Summary:
+        ctx = zmq.Context()
+        self.ctl = protocol.ControlClient(ctx, self.host, self.port, timeout_s=self.o.timeout_s)
+        log_file = open(self.o.log_path, "a") if self.o.log_path else None
+        old_handlers = _install_signal_handlers()
+        try:
+            try:
+                self._handshake()
+                self._plan()
+                self._transfer(log_file)
+            except Stop as s:
+                self.codes.append(s.code)
+                self.summary.errors.append("interrupted: partial files and journals kept; re-run to resume")
+            except AutomdtError as e:
+                if not self.summary.errors or self.summary.errors[-1] != e.message:
+                    self.summary.errors.append(e.message)
+                self.codes.append(e.code)
+            finally:
+                if self.engine is not None:
+                    self.engine.close()
+                try:
+                    if getattr(self, "opened", False):
+                        self.ctl.request({"type": "close"}, timeout_s=5)
+                except AutomdtError:
+                    pass
+        finally:
+            _restore_signal_handlers(old_handlers)
+            if log_file:
+                log_file.close()
+            self.ctl.close()
+            ctx.term()
+        self.summary.seconds = time.monotonic() - self.t_start
+        if getattr(self, "controller", None) is not None:
+            self.summary.history = self.controller.history
+        self.summary.exit_code = errors.worst(self.codes)
+        return self.summary
+
+    def _handshake(self) -> None:
+        cn = protocol.nonce()
+        try:
+            ch = self.ctl.request({"type": "hello", "version": protocol.VERSION, "nonce": cn},
+                                  timeout_s=min(self.o.timeout_s, 10))
+        except AutomdtError as e:
+            if e.code == errors.NETWORK:
+                raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (no answer to hello)", errors.NETWORK) from None
+            raise
+        sn = str(ch.get("nonce", ""))
+        if ch.get("auth") and not self.secret:
+            raise AutomdtError(f"receiver {self.host}:{self.port} requires a shared secret (--secret-file)", errors.FATAL)
+        if self.secret and not ch.get("auth"):
+            raise AutomdtError(f"receiver {self.host}:{self.port} does not authenticate; refusing to send with --secret-file", errors.FATAL)
+        req = {"type": "auth"}
+        if self.secret:
+            req["mac"] = protocol.mac(self.secret, "client", sn, cn)
+        w = self.ctl.request(req)
+        if self.secret:
+            import hmac as _hmac
+
+            if not _hmac.compare_digest(str(w.get("mac", "")), protocol.mac(self.secret, "server", cn, sn)):
+                raise AutomdtError(f"receiver {self.host}:{self.port} failed to prove the shared secret", errors.FATAL)
+            self.token = protocol.data_token(self.secret, sn, cn)
+        else:
+            self.token = bytes.fromhex(str(w.get("token", "")))
+        policy = self.o.policy or _StaticPolicy(self.o.threads)
+        self.policy = policy
+        r = self.ctl.request({
+            "type": "open", "subdir": self.subdir, "chunk_size": self.o.chunk_size, "memory": self.o.memory,
+            "write_threads": self.o.threads[2], "checksum": self.o.checksum, "fsync": self.o.fsync,
+            "write_throttle": list(self.o.throttle.get("write", (0, 0))),
+        })
+        self.opened = True
+        self.data_port = int(r["data_port"])
+        self.chunk_size = int(r["chunk_size"])
+
+    def _plan(self) -> None:
+        files = self.m.files
+        if self.o.checksum:
+            for f in files:
+                try:
+                    f.digest = file_digest(f.abspath)
+                except OSError as e:
+                    f.digest = None
+                    log.warning("%s: cannot checksum: %s", f.path, e.strerror)
+        dirs = self.m.dirs
+        for i in range(0, max(len(files), 1), MANIFEST_BATCH):
+            batch = files[i:i + MANIFEST_BATCH]
+            reply = self.ctl.request({"type": "manifest", "files": [f.wire() for f in batch],
+                                      "dirs": dirs if i == 0 else []})
+            for fid, action in reply["files"]:
+                f = files[fid]
+                if action == "skip":
+                    self.summary.files_skipped += 1
+                elif action == "done":
+                    self.summary.files_transferred += 1
+                elif action == "send":
+                    self.pending.append(fid)
+                    self.summary.bytes_to_send += f.size
+                else:
+                    self.summary.files_failed += 1
+            self._take_errors(reply.get("errors"))
+
+    def _take_errors(self, errs) -> None:
+        for fid, code, msg in errs or []:
+            self.fail(int(code), msg)
+
+    # ----------------------------------------------------------------- the loop
+    def _transfer(self, log_file) -> None:
+        if not self.pending:
+            return
+        from automdt.transfer_engine import Sender
+
+        th = self.o.throttle
+        self.engine = Sender(self.host, self.data_port, self.token, self.chunk_size, self.o.memory,
+                             max_threads=max(self.o.max_threads, 1),
+                             read_throttle=tuple(th.get("read", (0, 0))), net_throttle=tuple(th.get("net", (0, 0))),
+                             sndbuf=self.o.sndbuf, fault_corrupt=self.o.fault_corrupt)
+
+        def apply(t):
+            self.engine.set_threads(t[0], t[1])
+            self.want_write = t[2]
+
+        ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file)
+        ctrl.start()
+        last_progress = time.monotonic()
+        last_written = -1
+        quiet_since: Optional[float] = None
+        deadline = self.t_start + self.o.max_duration_s if self.o.max_duration_s else None
+        while self.pending or self.active:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                self.fail(errors.MAX_DURATION, f"--max-duration reached after {now - self.t_start:.1f} s; partial files kept, re-run to resume")
+                return
+            self._activate()
+            self._poll()
+            self._engine_events()
+            st = self.engine.stats()
+            written = self.receiver_stats.get("write", {}).get("bytes", 0)
+            if written != last_written:
+                last_written, last_progress, quiet_since = written, now, None
+            # Sweep: the sender has handed everything to the kernel and the receiver is drained,
+            # yet files are incomplete: ask which chunks are missing and send them again.
+            rbuf = self.receiver_stats.get("buffer", {})
+            if self.active and st.chunks_pending == 0 and rbuf.get("fill_bytes", 1) == 0:
+                quiet_since = quiet_since or now
+                if now - quiet_since > 0.3:
+                    self._sweep()
+                    quiet_since = None
+            if now - last_progress > self.o.stall_s:
+                raise AutomdtError(f"no progress for {self.o.stall_s:.0f} s (receiver {self.host}:{self.port}); re-run to resume", errors.NETWORK)
+            ctrl.tick(st, self.receiver_stats, now)
+            self.summary.bytes = written
+            self.summary.threads = dict(zip(("read", "net", "write"), ctrl.threads))
+            if self.o.progress:
+                self.o.progress(self.summary, ctrl)
+            time.sleep(0.02)
+
+    def _activate(self) -> None:
+        room = self.o.window_files - len(self.active)
+        if room <= 0 or not self.pending:
+            return
+        ids = [self.pending.popleft() for _ in range(min(room, ACTIVATE_BATCH, len(self.pending)))]
+        reply = self.ctl.request({"type": "activate", "ids": ids})
+        for fid, action, ranges in reply["files"]:
+            f = self.m.files[fid]
+            if action == "done":
+                self.summary.files_transferred += 1
+            elif action == "send":
+                try:
+                    self.engine.add_file(fid, f.abspath, f.size, f.mtime_ns, [tuple(r) for r in ranges])
+                except (OSError, ValueError) as e:
+                    self._source_failed(fid, errors.SOURCE_CHANGED, f"{f.path}: {e}")
+                    continue
+                self.active[fid] = time.monotonic()
+            else:
+                self.summary.files_failed += 1
+
+    def _poll(self) -> None:
+        msg: Dict[str, Any] = {"type": "poll"}
+        if self.want_write is not None and self.want_write != self.write_threads_sent:
+            msg["write_threads"] = self.want_write
+            self.write_threads_sent = self.want_write
+        r = self.ctl.request(msg)
+        self.receiver_stats = r.get("stats") or {}
+        for fid in r.get("done", []):
+            if self.active.pop(fid, None) is not None:
+                self.summary.files_transferred += 1
+        for fid, off, ln in r.get("bad", []):
+            key = (fid, off)
+            self.retries[key] = self.retries.get(key, 0) + 1
+            if fid not in self.active:
+                continue
+            if self.retries[key] > self.o.chunk_retries:
+                self.summary.integrity_failures += 1
+                self._receiver_failed(fid, errors.INTEGRITY,
+                                      f"{self.m.files[fid].path}: chunk at offset {off} failed its checksum "
+                                      f"{self.retries[key]} times; not renamed into place")
+                continue
+            self.summary.chunks_resent += 1
+            self.engine.requeue(fid, off, ln)
+        for fid, code, msg_ in r.get("errors", []):
+            if fid in self.active:
+                self._receiver_failed(fid, int(code), msg_, tell=False)
+            else:
+                self.fail(int(code), msg_)
+        if r.get("fatal"):
+            code, text = r["fatal"]
+            raise AutomdtError(text, int(code))
+
+    def _engine_events(self) -> None:
+        for ev in self.engine.events():
+            if ev[0] == "file_error":
+                fid = ev[1]
+                f = self.m.files[fid]
+                code = errors.SOURCE_CHANGED
+                self._source_failed(fid, code, f"{f.path}: {ev[3]}")
+            elif ev[0] == "conn_error":
+                log.warning("data connection: %s", ev[2])
+
+    def _source_failed(self, fid: int, code: int, message: str) -> None:
+        self._receiver_failed(fid, code, message)
+
+    def _receiver_failed(self, fid: int, code: int, message: str, tell: bool = True) -> None:
+        if self.active.pop(fid, None) is None and fid in self.pending:
+            self.pending.remove(fid)
+        self.summary.files_failed += 1
+        self.fail(code, message)
+        if tell:
+            self.ctl.request({"type": "fail", "ids": [fid]})
+
+    def _sweep(self) -> None:
+        ids = list(self.active)
+        r = self.ctl.request({"type": "missing", "ids": ids})
+        for sid, ranges in r.get("files", {}).items():
+            fid = int(sid)
+            if not ranges or fid not in self.active:
+                continue
+            self.sweeps[fid] = self.sweeps.get(fid, 0) + 1
+            if self.sweeps[fid] > 20:
+                raise AutomdtError(f"{self.m.files[fid].path}: chunks keep getting lost on the way; re-run to resume", errors.NETWORK)
+            cs = self.chunk_size
+            for off, ln in ranges:
+                for o in range(off, off + ln, cs):
+                    self.engine.requeue(fid, o, min(cs, off + ln - o))
+
+
+def _install_signal_handlers():
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise Stop(128 + signum)
+
+    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_signal_handlers(old) -> None:
+    if old:
+        for s, h in old.items():
+            signal.signal(s, h)
