@@ -2,7 +2,7 @@
 
 An :class:`Observation` is what a policy sees after one control interval, in physical units,
 whether it comes from the simulator or from the live engine's counters. Policies normalise it
-themselves (the PPO agent through :func:`automdt.simulator.env.encode_observation`).
+themselves (the PPO agent through :class:`automdt.simulator.env.ObservationEncoder`).
 """
 from __future__ import annotations
 

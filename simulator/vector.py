@@ -1,0 +1,178 @@
+"""N buffer simulators in numpy arrays (no Python loop per environment and step).
+
+:class:`BatchedBufferSim` runs the dynamics of :class:`~automdt.simulator.env.BufferSimEnv` for
+``num_envs`` environments at once. Environment ``i`` draws from its own generator seeded
+``seed + i``, with the same draws as the single env, so it reproduces the trajectory of
+``BufferSimEnv(...).reset(seed=seed + i)`` (tested). For stable-baselines3 use
+:class:`automdt.simulator.sb3.BatchedSimVecEnv`.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from gymnasium.utils import seeding
+from gymnasium.vector import VectorEnv
+from gymnasium.vector.utils import batch_space
+from gymnasium.vector.vector_env import AutoresetMode
+
+from automdt.simulator.dynamics import SimCore, actions_to_threads
+from automdt.simulator.env import make_action_space, make_observation_space
+from automdt.simulator.profile import Profile
+
+__all__ = ["BatchedBufferSim"]
+
+
+class BatchedBufferSim(VectorEnv):
+    """``num_envs`` copies of :class:`~automdt.simulator.env.BufferSimEnv` as numpy arrays.
+
+    Episodes all have ``episode_steps`` steps and end by truncation. With ``autoreset=True``
+    (default) a finished environment is reset *in the same step* (Gymnasium
+    ``AutoresetMode.SAME_STEP``, the stable-baselines3 convention): the returned observation is the
+    new episode's first one and the last observation of the finished episode is in
+    ``infos["final_obs"]`` (rows where ``infos["_final_obs"]`` is True). With ``autoreset=False``
+    the caller resets.
+
+    ``infos`` is a dict of arrays (cheap at 4096 envs): ``threads`` (N,3) int, ``throughput_bps``
+    (N,3), ``buffer_fill`` (N,2), ``utility`` (N,), ``reward_scale_bps`` (N,), ``step`` (N,) (all
+    describing the interval just simulated, i.e. *before* any autoreset), plus ``final_obs`` /
+    ``_final_obs``.
+
+    :param num_envs: number of environments.
+    :param profile: as :class:`~automdt.simulator.env.BufferSimEnv` (shared template).
+    :param k: utility base per thread.
+    :param episode_steps: steps per episode.
+    :param randomize: relative spread of TPT and B redrawn at each reset.
+    :param random_profiles: a fresh random profile per episode and environment.
+    :param random_start: random start threads and buffer fills.
+    :param noise: capacity noise (relative std); ``None``: the profile's.
+    :param seed: seed of the first :meth:`reset` if that gets none (env ``i`` gets ``seed + i``).
+    :param substeps: sub-steps per interval.
+    :param bound_penalty: reward penalty per stage at ``max_threads``.
+    :param autoreset: reset finished environments within :meth:`step`.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": [], "autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(
+        self,
+        num_envs: int,
+        profile: Profile | None = None,
+        k: float = 1.02,
+        episode_steps: int = 30,
+        randomize: float = 0.0,
+        random_profiles: bool = False,
+        random_start: bool = True,
+        noise: float | None = None,
+        seed: int | None = None,
+        substeps: int = 1,
+        bound_penalty: float = 0.0,
+        autoreset: bool = True,
+    ) -> None:
+        self.num_envs = int(num_envs)
+        self._core = SimCore(self.num_envs, profile, k, episode_steps, randomize, random_profiles, random_start,
+                             noise, substeps, bound_penalty)
+        self.profile = self._core.profile
+        self.k = float(k)
+        self.episode_steps = int(episode_steps)
+        self.max_threads = self._core.max_threads
+        self.autoreset = bool(autoreset)
+        self.metadata = {
+            "render_modes": [],
+            "autoreset_mode": AutoresetMode.SAME_STEP if autoreset else AutoresetMode.DISABLED,
+        }
+        self.render_mode = None
+        self.single_observation_space = make_observation_space()
+        self.single_action_space = make_action_space()
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._default_seed = seed
+        self._rngs: list[np.random.Generator] | None = None
+        self._needs_reset = True
+        self._all_rows = np.arange(self.num_envs)
+
+    # ------------------------------------------------------------------ seeding
+    def _seed(self, seed: int | Sequence[int] | None) -> None:
+        if seed is None:
+            seeds: list[int | None] = [None] * self.num_envs
+        elif isinstance(seed, (int, np.integer)):
+            seeds = [int(seed) + i for i in range(self.num_envs)]
+        else:
+            seeds = [None if s is None else int(s) for s in seed]
+            assert len(seeds) == self.num_envs, f"need {self.num_envs} seeds, got {len(seeds)}"
+        # Exactly what gymnasium.Env.reset(seed=s) does, so env i == BufferSimEnv seeded seeds[i].
+        self._rngs = [seeding.np_random(s)[0] for s in seeds]
+        self._np_random_seed = seeds[0] if seeds and seeds[0] is not None else -1
+
+    # ------------------------------------------------------------------ API
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Reset every environment.
+
+        :param seed: int (env ``i`` gets ``seed + i``), a list of per-env seeds, or None (keep the
+            generators; on the very first reset use the constructor's ``seed``).
+        :param options: as :meth:`BufferSimEnv.reset` (``threads``, ``buffer_fill``), for all envs.
+        :return: observations (N, 14) float32 and an info dict of arrays.
+        """
+        if seed is None and self._rngs is None:
+            seed = self._default_seed
+        if seed is not None or self._rngs is None:
+            self._seed(seed)
+        assert self._rngs is not None
+        self._core.reset_rows(self._all_rows, self._rngs, options)
+        self._needs_reset = False
+        return self._core.obs.copy(), self._infos()
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Apply (N,3) action indices (see :func:`~automdt.simulator.env.action_to_threads`)."""
+        assert not self._needs_reset, "Call reset before using step method."
+        threads = actions_to_threads(np.asarray(actions).reshape(self.num_envs, 3), self._core.threads,
+                                     self.max_threads)
+        return self._step(threads)
+
+    def step_threads(self, threads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """Like :meth:`step` with absolute (N,3) thread counts (clipped to ``[1, max_threads]``)."""
+        assert not self._needs_reset, "Call reset before using step method."
+        return self._step(np.asarray(threads, dtype=np.int64).reshape(self.num_envs, 3))
+
+    def _step(self, threads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        assert self._rngs is not None
+        core = self._core
+        core.step_threads(threads, self._rngs)
+        reward = core.reward.copy()
+        terminated = np.zeros(self.num_envs, dtype=bool)
+        truncated = core.steps >= self.episode_steps
+        infos = self._infos()
+        obs = core.obs
+        if self.autoreset and truncated.any():
+            done = np.flatnonzero(truncated)
+            final = np.zeros_like(obs)
+            final[done] = obs[done]
+            infos["final_obs"] = final
+            infos["_final_obs"] = truncated.copy()
+            core.reset_rows(done, self._rngs, None)
+            obs = core.obs
+        return obs.copy(), reward, terminated, truncated, infos
+
+    def _infos(self) -> dict[str, Any]:
+        c = self._core
+        return {
+            "threads": c.threads.copy(),
+            "throughput_bps": c.tput.copy(),
+            "buffer_fill": c.fill(),
+            "utility": c.utility.copy(),
+            "reward_scale_bps": c.scale.copy(),
+            "step": c.steps.copy(),
+        }
+
+    @property
+    def threads(self) -> np.ndarray:
+        """(N,3) thread counts of the last interval (of the new episode after an autoreset)."""
+        return self._core.threads.copy()
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self._rngs = None
