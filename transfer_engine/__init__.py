@@ -1,0 +1,36 @@
+"""The modular transfer engine (C extension) and its typed Python wrapper.
+
+Public API: :class:`Sender`, :class:`Receiver` and their stats NamedTuples. The C extension
+``_engine`` is private; see ``engine.py`` for the documentation and PROTOCOL.md for the wire
+format.
+"""
+
+try:
+    from .engine import (
+        CHUNK_SIZE_MAX,
+        TOKEN_LEN,
+        BufferStats,
+        Event,
+        Receiver,
+        ReceiverStats,
+        Sender,
+        SenderStats,
+        StageStats,
+    )
+except ImportError as exc:  # pragma: no cover - only without a built extension
+    raise ImportError(
+        f"automdt.transfer_engine: the C extension is not built ({exc}); "
+        "run `make build` (or `pip install -e .`) in the repository"
+    ) from exc
+
+__all__ = [
+    "BufferStats",
+    "CHUNK_SIZE_MAX",
+    "Event",
+    "Receiver",
+    "ReceiverStats",
+    "Sender",
+    "SenderStats",
+    "StageStats",
+    "TOKEN_LEN",
+]

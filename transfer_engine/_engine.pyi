@@ -1,0 +1,91 @@
+"""Stubs of the private C extension; use automdt.transfer_engine (engine.py) instead."""
+
+from typing import Sequence, Union
+
+TOKEN_LEN: int
+HELLO_LEN: int
+FRAME_HEADER_LEN: int
+FRAME_MAGIC: int
+JOURNAL_RECORD_LEN: int
+CHUNK_SIZE_MAX: int
+WAIT_MS: int
+EVENTS_MAX: int
+DEBUG: int
+
+# (payload_bytes, busy_ns, wait_ns, idle_ns, threads_target, threads_live)
+_StageTuple = tuple[int, int, int, int, int, int]
+# (fill_bytes, capacity_bytes, slots_used, slots_total, slots_allocated, slots_ready)
+_BufferTuple = tuple[int, int, int, int, int, int]
+_Event = tuple[Union[str, int], ...]
+_Path = Union[str, bytes]
+
+class Sender:
+    closed: bool
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: bytes,
+        chunk_size: int,
+        memory_bytes: int,
+        max_threads: int = 64,
+        read_thread_bps: int = 0,
+        read_total_bps: int = 0,
+        net_thread_bps: int = 0,
+        net_total_bps: int = 0,
+        sndbuf: int = 0,
+        fault_corrupt: int = 0,
+        read_threads: int = 1,
+        net_threads: int = 1,
+    ) -> None: ...
+    def add_file(
+        self,
+        file_id: int,
+        path: _Path,
+        size: int,
+        mtime_ns: int,
+        ranges: Sequence[tuple[int, int]] | None = None,
+        /,
+    ) -> None: ...
+    def requeue(self, file_id: int, offset: int, length: int, /) -> bool: ...
+    def set_threads(self, read: int, net: int, /) -> tuple[int, int]: ...
+    def set_throttle(self, stage: str, thread_bps: int, total_bps: int, /) -> None: ...
+    def set_fault_corrupt(self, n: int, /) -> None: ...
+    # (time_ns, read, net, buffer, chunks_sent, chunks_requeued, frames_corrupted,
+    #  chunks_pending, files_failed)
+    def stats(
+        self,
+    ) -> tuple[int, _StageTuple, _StageTuple, _BufferTuple, int, int, int, int, int]: ...
+    def events(self) -> list[_Event]: ...
+    def close(self) -> None: ...
+
+class Receiver:
+    closed: bool
+    port: int
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: bytes,
+        chunk_size: int,
+        memory_bytes: int,
+        max_threads: int = 64,
+        write_thread_bps: int = 0,
+        write_total_bps: int = 0,
+        rcvbuf: int = 0,
+        write_threads: int = 1,
+    ) -> None: ...
+    def add_file(
+        self, file_id: int, fd: int, journal_fd: int, size: int, done_chunks: bytes | None = None, /
+    ) -> None: ...
+    def remove_file(self, file_id: int, /) -> None: ...
+    def missing(self, file_id: int, /) -> list[tuple[int, int]]: ...
+    def set_threads(self, write: int, /) -> int: ...
+    def set_throttle(self, stage: str, thread_bps: int, total_bps: int, /) -> None: ...
+    # (time_ns, recv, write, buffer, chunks_written, chunks_bad, chunks_duplicate,
+    #  chunks_orphaned, connections, connections_total, connections_rejected, protocol_errors)
+    def stats(
+        self,
+    ) -> tuple[int, _StageTuple, _StageTuple, _BufferTuple, int, int, int, int, int, int, int, int]: ...
+    def events(self) -> list[_Event]: ...
+    def close(self) -> None: ...

@@ -1,0 +1,458 @@
+"""Typed wrapper around the C transfer engine (``automdt.transfer_engine._engine``).
+
+The C extension moves the data: read pool -> sender staging buffer -> network pool (one TCP
+connection per thread) -> receiver staging buffer -> write pool. This module validates
+arguments (``ValueError`` with a message that says what to fix), turns the C stats tuples into
+NamedTuples and documents the API. It uses the standard library only.
+
+Rates are in **bytes per second** (``thread_bps``/``total_bps``); 0 means unlimited.
+Times in stats are thread-seconds: ``busy_s`` (working, including throttle sleeps),
+``wait_s`` (blocked on a staging buffer: no free slot, or nothing queued) and ``idle_s``
+(nothing to do: no file queued, connecting, or waiting for the peer's next frame).
+The engine is not deterministic: chunk order on the wire depends on thread scheduling.
+"""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+from typing import NamedTuple, Sequence, Union
+
+from . import _engine
+
+__all__ = [
+    "BufferStats",
+    "Event",
+    "Receiver",
+    "ReceiverStats",
+    "Sender",
+    "SenderStats",
+    "StageStats",
+    "TOKEN_LEN",
+    "CHUNK_SIZE_MAX",
+]
+
+TOKEN_LEN: int = _engine.TOKEN_LEN
+CHUNK_SIZE_MAX: int = _engine.CHUNK_SIZE_MAX
+_NS = 1e-9
+
+#: An event tuple, drained by ``events()``. Kinds and shapes:
+#: ``("file_error", file_id, errno, message)`` (sender; errno 0 when no system call failed,
+#: e.g. "changed during read: size 100 -> 50"), ``("conn_error", errno, message)``,
+#: ``("conn_rejected", message)``, ``("protocol_error", message)``,
+#: ``("chunk_bad", file_id, offset, length)``, ``("file_done", file_id)``,
+#: ``("write_error", file_id, errno, message)``, ``("events_dropped", count)`` (the queue
+#: holds at most 65536 undrained events).
+Event = tuple[Union[str, int], ...]
+PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+
+class StageStats(NamedTuple):
+    """Cumulative counters of one stage (thread pool) since the engine started."""
+
+    payload_bytes: int
+    """Payload bytes the stage moved (read, sent, received or written)."""
+    busy_s: float
+    """Thread-seconds spent working, throttle sleeps included."""
+    wait_s: float
+    """Thread-seconds blocked on a staging buffer (no free slot / empty queue)."""
+    idle_s: float
+    """Thread-seconds with nothing to do (no work queued, connecting, peer silent)."""
+    threads_target: int
+    """Thread count asked for (receiving stage: live connections)."""
+    threads_live: int
+    """Threads running now (an exiting thread counts until it finished its chunk)."""
+
+
+class BufferStats(NamedTuple):
+    """Occupancy of one staging buffer."""
+
+    fill_bytes: int
+    """Payload bytes staged (sender: read and not yet fully sent)."""
+    capacity_bytes: int
+    """The byte cap: slots_total * chunk_size."""
+    slots_used: int
+    """Slots handed out (being filled, queued, or being drained)."""
+    slots_total: int
+    """The cap in slots (memory_bytes // chunk_size)."""
+    slots_allocated: int
+    """Slots malloc'ed so far (lazily, reused, freed at close)."""
+    slots_ready: int
+    """Filled slots waiting for the consumer stage."""
+
+
+class SenderStats(NamedTuple):
+    """A snapshot of the sender, taken without stopping anything."""
+
+    time_s: float
+    """CLOCK_MONOTONIC time of the snapshot, for rates between two snapshots."""
+    read: StageStats
+    net: StageStats
+    buffer: BufferStats
+    chunks_sent: int
+    """Frames handed completely to the kernel."""
+    chunks_requeued: int
+    """Chunks requeued by requeue() (not counting internal retries after a send error)."""
+    frames_corrupted: int
+    """Frames corrupted on purpose by the fault_corrupt test hook."""
+    chunks_pending: int
+    """Chunks queued to read + staged + in flight; 0 means everything reached the kernel."""
+    files_failed: int
+    """Files that failed (see the file_error events)."""
+
+
+class ReceiverStats(NamedTuple):
+    """A snapshot of the receiver, taken without stopping anything."""
+
+    time_s: float
+    recv: StageStats
+    write: StageStats
+    buffer: BufferStats
+    chunks_written: int
+    chunks_bad: int
+    """Chunks whose XXH3-64 did not match their header (not written)."""
+    chunks_duplicate: int
+    """Chunks already written or being written (dropped)."""
+    chunks_orphaned: int
+    """Chunks dropped because their file was removed while they were queued."""
+    connections: int
+    """Authenticated data connections open now."""
+    connections_total: int
+    """Authenticated data connections since start."""
+    connections_rejected: int
+    """Connections closed before any frame: bad hello/token, no hello, too many."""
+    protocol_errors: int
+    """Connections closed on an invalid frame header."""
+
+
+def _stage(t: tuple[int, int, int, int, int, int]) -> StageStats:
+    return StageStats(t[0], t[1] * _NS, t[2] * _NS, t[3] * _NS, t[4], t[5])
+
+
+def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {type(value).__name__}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def _check_throttle(name: str, value: Sequence[int]) -> tuple[int, int]:
+    try:
+        thread_bps, total_bps = value
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{name} must be a pair (thread_bps, total_bps) in bytes/s, 0 = unlimited; got {value!r}"
+        ) from None
+    return (_check_int(f"{name}[0] (thread_bps)", thread_bps, 0),
+            _check_int(f"{name}[1] (total_bps)", total_bps, 0))
+
+
+def _check_common(token: bytes, chunk_size: int, memory_bytes: int, max_threads: int) -> None:
+    if not isinstance(token, (bytes, bytearray)) or len(token) != TOKEN_LEN:
+        raise ValueError(f"token must be {TOKEN_LEN} bytes (e.g. os.urandom({TOKEN_LEN}))")
+    _check_int("chunk_size", chunk_size, 1, CHUNK_SIZE_MAX)
+    _check_int("memory_bytes", memory_bytes, 1)
+    if memory_bytes < chunk_size:
+        raise ValueError(
+            f"memory_bytes ({memory_bytes}) must hold at least one chunk of {chunk_size} bytes"
+        )
+    _check_int("max_threads", max_threads, 1, 4096)
+
+
+class Sender:
+    """Source side of a transfer: reads files and sends their chunks to a :class:`Receiver`.
+
+    Threads start at construction (``threads``) and change at any moment with
+    :meth:`set_threads`. Each network thread opens its own TCP connection to (host, port); a
+    failed connect or send produces a ``conn_error`` event and the thread retries with a
+    back-off (0.1 s doubling to 2 s), requeueing the chunk it was sending.
+
+    :param host: receiver address (name or IP).
+    :param port: receiver data port.
+    :param token: the 32-byte session token every data connection presents.
+    :param chunk_size: bytes per chunk (same on both sides).
+    :param memory_bytes: byte cap of the sender staging buffer (``memory_bytes // chunk_size`` slots).
+    :param max_threads: upper bound of each pool (slot tables are pre-allocated).
+    :param read_throttle: ``(thread_bps, total_bps)`` for the read stage, bytes/s, 0 = unlimited.
+    :param net_throttle: the same for the network stage.
+    :param sndbuf: SO_SNDBUF for each connection (0: kernel default, autotuned).
+    :param fault_corrupt: test hook: flip one payload byte of the next N frames after hashing.
+    :param threads: ``(read, net)`` thread counts to start with.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: bytes,
+        chunk_size: int,
+        memory_bytes: int,
+        max_threads: int = 64,
+        read_throttle: tuple[int, int] = (0, 0),
+        net_throttle: tuple[int, int] = (0, 0),
+        sndbuf: int = 0,
+        fault_corrupt: int = 0,
+        *,
+        threads: tuple[int, int] = (1, 1),
+    ) -> None:
+        if not isinstance(host, str) or not host:
+            raise ValueError("host must be a non-empty string")
+        _check_int("port", port, 1, 65535)
+        _check_common(token, chunk_size, memory_bytes, max_threads)
+        rt, rT = _check_throttle("read_throttle", read_throttle)
+        nt, nT = _check_throttle("net_throttle", net_throttle)
+        _check_int("sndbuf", sndbuf, 0, 2**31 - 1)
+        _check_int("fault_corrupt", fault_corrupt, 0, 2**31 - 1)
+        nr, nn = self._check_threads(threads, max_threads)
+        self.chunk_size = chunk_size
+        self.max_threads = max_threads
+        self._e = _engine.Sender(host, port, bytes(token), chunk_size, memory_bytes, max_threads,
+                                 rt, rT, nt, nT, sndbuf, fault_corrupt, nr, nn)
+
+    @staticmethod
+    def _check_threads(threads: Sequence[int], max_threads: int) -> tuple[int, int]:
+        try:
+            nr, nn = threads
+        except (TypeError, ValueError):
+            raise ValueError(f"threads must be a pair (read, net), got {threads!r}") from None
+        return (_check_int("read threads", nr, 0, max_threads),
+                _check_int("net threads", nn, 0, max_threads))
+
+    def add_file(
+        self,
+        file_id: int,
+        path: PathArg,
+        size: int,
+        mtime_ns: int,
+        ranges: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        """Queue a file (also while the transfer runs).
+
+        :param file_id: u32 id the receiver knows the file by.
+        :param path: source path, opened lazily by a reader.
+        :param size: size in bytes when the session listed it (> 0; empty files are the
+            session layer's job). A different size or mtime at read time fails the file.
+        :param mtime_ns: ``st_mtime_ns`` when the session listed it.
+        :param ranges: ``(offset, length)`` byte ranges to send (offsets multiples of
+            chunk_size, lengths whole chunks unless the range ends at ``size``);
+            None = the whole file.
+        """
+        _check_int("file_id", file_id, 0, 2**32 - 1)
+        _check_int("size", size, 1)
+        if isinstance(mtime_ns, bool) or not isinstance(mtime_ns, int):
+            raise ValueError("mtime_ns must be an int (os.stat(path).st_mtime_ns)")
+        if ranges is not None:
+            ranges = [self._check_range(file_id, size, r) for r in ranges]
+            if not ranges:
+                raise ValueError("ranges is empty: pass None to send the whole file")
+        self._e.add_file(file_id, os.fspath(path), size, mtime_ns, ranges)
+
+    def _check_range(self, file_id: int, size: int, r: tuple[int, int]) -> tuple[int, int]:
+        try:
+            offset, length = r
+        except (TypeError, ValueError):
+            raise ValueError(f"file {file_id}: ranges items must be (offset, length), got {r!r}") from None
+        _check_int("range offset", offset, 0)
+        _check_int("range length", length, 1)
+        if offset % self.chunk_size:
+            raise ValueError(
+                f"file {file_id}: range offset {offset} is not a multiple of chunk_size {self.chunk_size}"
+            )
+        if offset + length > size:
+            raise ValueError(f"file {file_id}: range ({offset}, {length}) ends beyond size {size}")
+        if length % self.chunk_size and offset + length != size:
+            raise ValueError(
+                f"file {file_id}: range ({offset}, {length}) must be whole chunks "
+                f"unless it ends at the file size {size}"
+            )
+        return (offset, length)
+
+    def requeue(self, file_id: int, offset: int, length: int) -> bool:
+        """Send one chunk again (the receiver found it bad or missing).
+
+        :return: True if queued, False if the file failed (its chunks are not sent any more).
+        :raises KeyError: unknown file id. :raises ValueError: not one chunk of the file.
+        """
+        _check_int("file_id", file_id, 0, 2**32 - 1)
+        _check_int("offset", offset, 0)
+        _check_int("length", length, 1)
+        return bool(self._e.requeue(file_id, offset, length))
+
+    def set_threads(self, read: int, net: int) -> tuple[int, int]:
+        """Change the read and network thread counts (0 pauses a stage).
+
+        Growing starts threads (network threads open new connections); shrinking lets each
+        extra thread finish its current chunk (a network thread its current frame) and exit.
+
+        :return: the previous ``(read, net)`` targets.
+        """
+        nr, nn = self._check_threads((read, net), self.max_threads)
+        old_r, old_n = self._e.set_threads(nr, nn)
+        return (old_r, old_n)
+
+    def set_throttle(self, stage: str, thread_bps: int, total_bps: int) -> None:
+        """Set the ``"read"`` or ``"net"`` throttle, bytes/s (0 = unlimited)."""
+        if stage not in ("read", "net"):
+            raise ValueError(f"stage must be 'read' or 'net' on a Sender, got {stage!r}")
+        _check_int("thread_bps", thread_bps, 0)
+        _check_int("total_bps", total_bps, 0)
+        self._e.set_throttle(stage, thread_bps, total_bps)
+
+    def set_fault_corrupt(self, n: int) -> None:
+        """Test hook: corrupt one payload byte of each of the next ``n`` frames."""
+        self._e.set_fault_corrupt(_check_int("n", n, 0, 2**31 - 1))
+
+    def stats(self) -> SenderStats:
+        """Counters now, including the in-progress state of every thread."""
+        t = self._e.stats()
+        return SenderStats(t[0] * _NS, _stage(t[1]), _stage(t[2]), BufferStats(*t[3]), *t[4:])
+
+    def events(self) -> list[Event]:
+        """Drain the event queue (see :data:`Event`)."""
+        return list(self._e.events())
+
+    def close(self) -> None:
+        """Stop every thread, close the connections, free the buffer. Idempotent."""
+        self._e.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._e.closed)
+
+    def __enter__(self) -> Sender:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Receiver:
+    """Destination side: listens at construction, accepts data connections (one receiving
+    thread each), verifies every chunk's XXH3-64 and writes it with a pool of writers.
+
+    Files are registered with :meth:`add_file` (file descriptors stay owned by the caller;
+    the engine never closes them). :meth:`remove_file` waits until no writer uses the
+    file's descriptors any more, so they can be closed right after it returns.
+
+    :param host: address to bind ("" or "0.0.0.0" for all).
+    :param port: port to bind, 0 for an ephemeral one (see :attr:`port`).
+    :param token: the 32-byte session token; connections presenting another are rejected.
+    :param chunk_size: bytes per chunk (same as the sender).
+    :param memory_bytes: byte cap of the receiver staging buffer.
+    :param max_threads: upper bound of the write pool (connections: up to twice this).
+    :param write_throttle: ``(thread_bps, total_bps)`` for the write stage, bytes/s.
+    :param rcvbuf: SO_RCVBUF of the data connections (0: kernel default, autotuned).
+    :param threads: write threads to start with.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: bytes,
+        chunk_size: int,
+        memory_bytes: int,
+        max_threads: int = 64,
+        write_throttle: tuple[int, int] = (0, 0),
+        rcvbuf: int = 0,
+        *,
+        threads: int = 1,
+    ) -> None:
+        if not isinstance(host, str):
+            raise ValueError("host must be a string ('' binds every address)")
+        _check_int("port", port, 0, 65535)
+        _check_common(token, chunk_size, memory_bytes, max_threads)
+        wt, wT = _check_throttle("write_throttle", write_throttle)
+        _check_int("rcvbuf", rcvbuf, 0, 2**31 - 1)
+        _check_int("threads", threads, 0, max_threads)
+        self.chunk_size = chunk_size
+        self.max_threads = max_threads
+        self._e = _engine.Receiver(host, port, bytes(token), chunk_size, memory_bytes,
+                                   max_threads, wt, wT, rcvbuf, threads)
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port."""
+        return int(self._e.port)
+
+    def nchunks(self, size: int) -> int:
+        """Number of chunks of a file of ``size`` bytes."""
+        return -(-size // self.chunk_size)
+
+    def add_file(self, file_id: int, fd: int, journal_fd: int, size: int,
+                 done_chunks: bytes | None = None) -> None:
+        """Register a destination file.
+
+        :param file_id: u32 id used by the sender.
+        :param fd: writable fd of the destination (temporary) file; chunks are pwrite()n at
+            their offsets. Owned by the caller.
+        :param journal_fd: fd opened with O_APPEND for 32-byte journal records, or -1.
+        :param size: final size in bytes (> 0).
+        :param done_chunks: bitmap of chunks already present (bit i = chunk i, LSB first
+            within each byte), exactly ``ceil(nchunks / 8)`` bytes; None = nothing yet.
+            If every chunk is present, a ``file_done`` event follows at once.
+        """
+        _check_int("file_id", file_id, 0, 2**32 - 1)
+        _check_int("fd", fd, 0)
+        _check_int("journal_fd", journal_fd, -1)
+        _check_int("size", size, 1)
+        if done_chunks is not None:
+            if not isinstance(done_chunks, (bytes, bytearray, memoryview)):
+                raise ValueError("done_chunks must be bytes (a bitmap) or None")
+            want = (self.nchunks(size) + 7) // 8
+            if len(done_chunks) != want:
+                raise ValueError(
+                    f"done_chunks must be {want} bytes for {self.nchunks(size)} chunks, "
+                    f"got {len(done_chunks)}"
+                )
+            done_chunks = bytes(done_chunks)
+        self._e.add_file(file_id, fd, journal_fd, size, done_chunks)
+
+    def remove_file(self, file_id: int) -> None:
+        """Forget a file; returns once no writer uses its fds. :raises KeyError: unknown id."""
+        _check_int("file_id", file_id, 0, 2**32 - 1)
+        self._e.remove_file(file_id)
+
+    def missing(self, file_id: int) -> list[tuple[int, int]]:
+        """``(offset, length)`` of every chunk not written yet. :raises KeyError: unknown id."""
+        _check_int("file_id", file_id, 0, 2**32 - 1)
+        return list(self._e.missing(file_id))
+
+    def set_threads(self, write: int) -> int:
+        """Change the write thread count (0 pauses writing). :return: the previous count."""
+        return int(self._e.set_threads(_check_int("write threads", write, 0, self.max_threads)))
+
+    def set_throttle(self, stage: str, thread_bps: int, total_bps: int) -> None:
+        """Set the ``"write"`` throttle, bytes/s (0 = unlimited)."""
+        if stage != "write":
+            raise ValueError(f"stage must be 'write' on a Receiver, got {stage!r}")
+        _check_int("thread_bps", thread_bps, 0)
+        _check_int("total_bps", total_bps, 0)
+        self._e.set_throttle(stage, thread_bps, total_bps)
+
+    def stats(self) -> ReceiverStats:
+        """Counters now, including the in-progress state of every thread."""
+        t = self._e.stats()
+        return ReceiverStats(t[0] * _NS, _stage(t[1]), _stage(t[2]), BufferStats(*t[3]), *t[4:])
+
+    def events(self) -> list[Event]:
+        """Drain the event queue (see :data:`Event`)."""
+        return list(self._e.events())
+
+    def close(self) -> None:
+        """Stop accepting, close connections, join every thread, free the buffer. Idempotent."""
+        self._e.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._e.closed)
+
+    def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,183 @@
+/* Staging buffer of chunk slots (see pool.h). */
+#include "pool.h"
+
+int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, const volatile int *stop)
+{
+    memset(p, 0, sizeof(*p));
+    p->chunk_size = chunk_size;
+    p->slots_max = slots_max;
+    p->stop = stop;
+    if (pthread_mutex_init(&p->mu, NULL) != 0)
+        goto error;
+    if (amdt_cond_init(&p->cv_free) != 0)
+        goto error_mu;
+    if (amdt_cond_init(&p->cv_ready) != 0)
+        goto error_free;
+    return 0;
+
+error_free:
+    pthread_cond_destroy(&p->cv_free);
+error_mu:
+    pthread_mutex_destroy(&p->mu);
+error:
+    return -1;
+}
+
+void amdt_pool_release(amdt_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    amdt_slot *s = p->all;
+    while (s != NULL) {
+        amdt_slot *next = s->all_next;
+        free(s->data);
+        free(s);
+        s = next;
+    }
+    p->all = p->free_list = p->ready_head = p->ready_tail = NULL;
+    p->slots_alloc = p->slots_used = 0;
+    p->fill_bytes = 0;
+    p->ready_len = 0;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void amdt_pool_destroy(amdt_pool *p)
+{
+    amdt_pool_release(p);
+    pthread_cond_destroy(&p->cv_ready);
+    pthread_cond_destroy(&p->cv_free);
+    pthread_mutex_destroy(&p->mu);
+}
+
+/* Allocate one slot; called without the lock (a multi-MiB malloc can take a while). */
+static amdt_slot *amdt_slot_new(size_t chunk_size)
+{
+    amdt_slot *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        goto error;
+    size_t bytes = (chunk_size + 4095) & ~(size_t)4095;
+    if (posix_memalign((void **)&s->data, 4096, bytes) != 0)
+        goto error;
+    return s;
+
+error:
+    free(s);
+    return NULL;
+}
+
+amdt_slot *amdt_pool_get(amdt_pool *p, uint32_t length, unsigned wait_ms)
+{
+    amdt_slot *s = NULL;
+    uint64_t deadline = amdt_now_ns() + (uint64_t)wait_ms * 1000000ULL;
+
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        if (*p->stop)
+            break;
+        if (p->free_list != NULL) {
+            s = p->free_list;
+            p->free_list = s->next;
+            break;
+        }
+        if (p->slots_alloc < p->slots_max) {
+            p->slots_alloc++; /* reserve the allocation, then malloc outside the lock */
+            pthread_mutex_unlock(&p->mu);
+            s = amdt_slot_new(p->chunk_size);
+            pthread_mutex_lock(&p->mu);
+            if (s == NULL) {
+                p->slots_alloc--;
+                amdt_debug("pool: out of memory allocating a %zu-byte slot", p->chunk_size);
+                break;
+            }
+            s->all_next = p->all;
+            p->all = s;
+            break;
+        }
+        uint64_t now = amdt_now_ns();
+        if (now >= deadline)
+            break;
+        unsigned ms = (unsigned)((deadline - now + 999999ULL) / 1000000ULL);
+        amdt_cond_wait_ms(&p->cv_free, &p->mu, ms);
+    }
+    if (s != NULL) {
+        s->next = NULL;
+        s->length = length;
+        p->slots_used++;
+        p->fill_bytes += length;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return s;
+}
+
+void amdt_pool_put(amdt_pool *p, amdt_slot *s)
+{
+    pthread_mutex_lock(&p->mu);
+    p->slots_used--;
+    p->fill_bytes -= s->length;
+    s->file = NULL;
+    s->next = p->free_list;
+    p->free_list = s;
+    pthread_cond_signal(&p->cv_free);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void amdt_pool_push(amdt_pool *p, amdt_slot *s)
+{
+    pthread_mutex_lock(&p->mu);
+    s->next = NULL;
+    if (p->ready_tail != NULL)
+        p->ready_tail->next = s;
+    else
+        p->ready_head = s;
+    p->ready_tail = s;
+    p->ready_len++;
+    pthread_cond_signal(&p->cv_ready);
+    pthread_mutex_unlock(&p->mu);
+}
+
+amdt_slot *amdt_pool_pop(amdt_pool *p, unsigned wait_ms)
+{
+    amdt_slot *s = NULL;
+    uint64_t deadline = amdt_now_ns() + (uint64_t)wait_ms * 1000000ULL;
+
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        if (*p->stop)
+            break;
+        if (p->ready_head != NULL) {
+            s = p->ready_head;
+            p->ready_head = s->next;
+            if (p->ready_head == NULL)
+                p->ready_tail = NULL;
+            p->ready_len--;
+            s->next = NULL;
+            break;
+        }
+        uint64_t now = amdt_now_ns();
+        if (now >= deadline)
+            break;
+        unsigned ms = (unsigned)((deadline - now + 999999ULL) / 1000000ULL);
+        amdt_cond_wait_ms(&p->cv_ready, &p->mu, ms);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return s;
+}
+
+void amdt_pool_wake(amdt_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->cv_free);
+    pthread_cond_broadcast(&p->cv_ready);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void amdt_pool_get_stats(amdt_pool *p, amdt_pool_stats *out)
+{
+    pthread_mutex_lock(&p->mu);
+    out->fill_bytes = p->fill_bytes;
+    out->capacity_bytes = (uint64_t)p->slots_max * p->chunk_size;
+    out->slots_used = p->slots_used;
+    out->slots_total = p->slots_max;
+    out->slots_allocated = p->slots_alloc;
+    out->ready = p->ready_len;
+    pthread_mutex_unlock(&p->mu);
+}

@@ -1,0 +1,95 @@
+/*
+ * Receiver (destination host): accept thread -> one receiving thread per data connection
+ * ("recv" stage) -> receiver staging buffer -> write pool ("write" stage).
+ *
+ * Like the sender, no code path holds two engine mutexes at once:
+ *   r->mu        the file table, bitmaps and per-file in-flight counts
+ *   r->pool.mu   slots and the write queue
+ *   r->recv.mu / r->write.mu   thread slots and time accounting
+ *   r->events.mu event queue
+ *
+ * remove_file(): the file leaves the table at once (later frames for it are protocol
+ * errors, and writers that pop one of its chunks drop it), then the call waits until the
+ * file's in-flight count is zero: a writer raises that count under r->mu before it uses
+ * the file's fds and lowers it after its last pwrite/journal write. When remove_file
+ * returns, no thread touches the fds again.
+ */
+#ifndef AMDT_RECEIVER_H
+#define AMDT_RECEIVER_H
+
+#include "common.h"
+#include "pool.h"
+#include "stage.h"
+
+typedef struct amdt_rfile {
+    uint32_t id;
+    int fd;           /* data fd, owned by Python */
+    int jfd;          /* journal fd (O_APPEND) or -1, owned by Python */
+    uint64_t size;
+    uint64_t nchunks;
+    uint64_t nwritten;
+    uint8_t *done;    /* bit i: chunk i is written (LSB first) */
+    uint8_t *claimed; /* bit i: a writer is writing chunk i */
+    int inflight;     /* writers using fd/jfd right now */
+    int removed;
+} amdt_rfile;
+
+typedef struct amdt_receiver_cfg {
+    const char *host;
+    int port;
+    const uint8_t *token;
+    uint64_t chunk_size;
+    uint64_t memory_bytes;
+    int max_threads;
+    uint64_t write_thread_bps, write_total_bps;
+    int rcvbuf;
+    int write_threads; /* started at construction */
+} amdt_receiver_cfg;
+
+typedef struct amdt_receiver {
+    volatile int stop;
+    int closed;
+    uint8_t token[32];
+    uint64_t chunk_size;
+    int lsock;
+    int port;
+    pthread_t accept_tid;
+    int accept_started;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv_removed; /* a removed file's in-flight count reached zero */
+    amdt_map files;
+
+    uint64_t chunks_written, chunks_bad, chunks_duplicate, chunks_orphaned; /* atomics */
+    uint64_t connections, connections_total, connections_rejected, protocol_errors;
+
+    amdt_pool pool;
+    amdt_stage recv, write;
+    amdt_events events;
+} amdt_receiver;
+
+typedef struct amdt_receiver_stats {
+    uint64_t time_ns;
+    amdt_stage_stats recv, write;
+    amdt_pool_stats buffer;
+    uint64_t chunks_written, chunks_bad, chunks_duplicate, chunks_orphaned;
+    uint64_t connections, connections_total, connections_rejected, protocol_errors;
+} amdt_receiver_stats;
+
+/* Binds, listens, starts the accept thread and the writers. Call without the GIL. */
+amdt_receiver *amdt_receiver_new(const amdt_receiver_cfg *cfg, char *err, size_t errlen);
+/* 0 ok; -1 invalid (err); -2 duplicate id; -3 out of memory. */
+int amdt_receiver_add_file(amdt_receiver *r, uint32_t id, int fd, int jfd, uint64_t size,
+                           const uint8_t *done, size_t done_len, char *err, size_t errlen);
+/* 0 ok; -1 unknown id. Waits for in-flight writes of the file: call without the GIL. */
+int amdt_receiver_remove_file(amdt_receiver *r, uint32_t id);
+/* Chunk indices not yet written, malloc'ed into *out (caller frees). 0 ok; -1 unknown id;
+ * -3 out of memory. */
+int amdt_receiver_missing(amdt_receiver *r, uint32_t id, uint64_t **out, size_t *n,
+                          uint64_t *size);
+int amdt_receiver_set_threads(amdt_receiver *r, int nwrite, int *old_write);
+void amdt_receiver_get_stats(amdt_receiver *r, amdt_receiver_stats *out);
+void amdt_receiver_close(amdt_receiver *r);
+void amdt_receiver_free(amdt_receiver *r);
+
+#endif /* AMDT_RECEIVER_H */

@@ -1,0 +1,871 @@
+/* Sender: read pool, sender staging buffer and network pool (see sender.h). */
+#include "sender.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "wire.h"
+
+#define AMDT_CONNECT_TIMEOUT_MS 5000
+#define AMDT_BACKOFF_MIN_MS 100
+#define AMDT_BACKOFF_MAX_MS 2000
+
+typedef struct amdt_ticket {
+    amdt_sfile *f;
+    uint64_t offset;
+    uint32_t length;
+} amdt_ticket;
+
+static void amdt_reader_body(amdt_worker *w);
+static void amdt_net_body(amdt_worker *w);
+
+/* ---- construction ------------------------------------------------------------------ */
+
+amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errlen)
+{
+    amdt_sender *s = NULL;
+    struct addrinfo hints, *res = NULL;
+    char portstr[16];
+    int have_mu = 0, have_cv = 0, have_map = 0, have_pool = 0, have_read = 0, have_net = 0;
+    int have_events = 0;
+
+    if (cfg->chunk_size == 0 || cfg->chunk_size > (1u << 30)) {
+        snprintf(err, errlen, "chunk_size must be in 1..2**30, got %llu",
+                 (unsigned long long)cfg->chunk_size);
+        goto error;
+    }
+    if (cfg->memory_bytes < cfg->chunk_size) {
+        snprintf(err, errlen, "memory_bytes (%llu) must hold at least one chunk (%llu)",
+                 (unsigned long long)cfg->memory_bytes, (unsigned long long)cfg->chunk_size);
+        goto error;
+    }
+    if (cfg->max_threads < 1 || cfg->max_threads > 4096) {
+        snprintf(err, errlen, "max_threads must be in 1..4096, got %d", cfg->max_threads);
+        goto error;
+    }
+    if (strlen(cfg->host) >= sizeof(s->host)) {
+        snprintf(err, errlen, "host name too long");
+        goto error;
+    }
+
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        snprintf(err, errlen, "out of memory");
+        goto error;
+    }
+    snprintf(s->host, sizeof(s->host), "%s", cfg->host);
+    s->port = cfg->port;
+    memcpy(s->token, cfg->token, AMDT_TOKEN_LEN);
+    s->chunk_size = cfg->chunk_size;
+    s->sndbuf = cfg->sndbuf;
+    s->fault_corrupt = cfg->fault_corrupt;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(portstr, sizeof(portstr), "%d", cfg->port);
+    int gai = getaddrinfo(cfg->host, portstr, &hints, &res);
+    if (gai != 0) {
+        snprintf(err, errlen, "resolve %s: %s", cfg->host, gai_strerror(gai));
+        goto error;
+    }
+    memcpy(&s->addr, res->ai_addr, res->ai_addrlen);
+    s->addrlen = res->ai_addrlen;
+    freeaddrinfo(res);
+
+    if (pthread_mutex_init(&s->mu, NULL) != 0)
+        goto error_sys;
+    have_mu = 1;
+    if (amdt_cond_init(&s->cv_work) != 0)
+        goto error_sys;
+    have_cv = 1;
+    if (amdt_map_init(&s->files) != 0)
+        goto error_sys;
+    have_map = 1;
+    if (amdt_events_init(&s->events) != 0)
+        goto error_sys;
+    have_events = 1;
+    size_t slots = (size_t)(cfg->memory_bytes / cfg->chunk_size);
+    if (amdt_pool_init(&s->pool, cfg->chunk_size, slots, &s->stop) != 0)
+        goto error_sys;
+    have_pool = 1;
+    if (amdt_stage_init(&s->read, "read", cfg->max_threads, amdt_reader_body, s, &s->stop) != 0)
+        goto error_sys;
+    have_read = 1;
+    if (amdt_stage_init(&s->net, "net", cfg->max_threads, amdt_net_body, s, &s->stop) != 0)
+        goto error_sys;
+    have_net = 1;
+    amdt_stage_set_throttle(&s->read, cfg->read_thread_bps, cfg->read_total_bps);
+    amdt_stage_set_throttle(&s->net, cfg->net_thread_bps, cfg->net_total_bps);
+
+    int rc = amdt_sender_set_threads(s, cfg->read_threads, cfg->net_threads, NULL, NULL);
+    if (rc != 0) {
+        errno = rc;
+        goto error_sys;
+    }
+    amdt_debug("sender: %s:%d chunk %llu, %zu slots", s->host, s->port,
+               (unsigned long long)s->chunk_size, slots);
+    return s;
+
+error_sys:
+    snprintf(err, errlen, "sender set-up failed: %s", strerror(errno ? errno : ENOMEM));
+    if (have_read || have_net) {
+        s->stop = 1;
+        amdt_stage_join_all(&s->read);
+        amdt_stage_join_all(&s->net);
+    }
+    if (have_net)
+        amdt_stage_destroy(&s->net);
+    if (have_read)
+        amdt_stage_destroy(&s->read);
+    if (have_pool)
+        amdt_pool_destroy(&s->pool);
+    if (have_events)
+        amdt_events_free(&s->events);
+    if (have_map)
+        amdt_map_free(&s->files);
+    if (have_cv)
+        pthread_cond_destroy(&s->cv_work);
+    if (have_mu)
+        pthread_mutex_destroy(&s->mu);
+error:
+    free(s);
+    return NULL;
+}
+
+/* ---- files and the read queue --------------------------------------------------------- */
+
+static int amdt_check_chunk(const amdt_sender *s, uint64_t size, uint64_t offset,
+                            uint64_t length, char *err, size_t errlen)
+{
+    if (offset % s->chunk_size != 0) {
+        snprintf(err, errlen, "offset %llu is not a multiple of chunk_size %llu",
+                 (unsigned long long)offset, (unsigned long long)s->chunk_size);
+        return -1;
+    }
+    if (length == 0 || offset >= size || length > size - offset) {
+        snprintf(err, errlen, "range (%llu, %llu) is empty or beyond the file size %llu",
+                 (unsigned long long)offset, (unsigned long long)length,
+                 (unsigned long long)size);
+        return -1;
+    }
+    if (length % s->chunk_size != 0 && offset + length != size) {
+        snprintf(err, errlen,
+                 "range (%llu, %llu): length must be whole chunks unless it ends at the file size %llu",
+                 (unsigned long long)offset, (unsigned long long)length,
+                 (unsigned long long)size);
+        return -1;
+    }
+    return 0;
+}
+
+static uint64_t amdt_nchunks(uint64_t length, uint64_t chunk)
+{
+    return (length + chunk - 1) / chunk;
+}
+
+int amdt_sender_add_file(amdt_sender *s, uint32_t id, const char *path, uint64_t size,
+                         int64_t mtime_ns, const amdt_range *ranges, size_t nranges,
+                         char *err, size_t errlen)
+{
+    amdt_sfile *f = NULL;
+    uint64_t chunks = 0;
+    int rc = -3;
+
+    if (size == 0) {
+        snprintf(err, errlen, "file %u has size 0 (empty files are created by the session layer)", id);
+        return -1;
+    }
+    for (size_t i = 0; i < nranges; i++) {
+        if (amdt_check_chunk(s, size, ranges[i].offset, ranges[i].length, err, errlen) != 0)
+            return -1;
+        chunks += amdt_nchunks(ranges[i].length, s->chunk_size);
+    }
+
+    f = calloc(1, sizeof(*f));
+    if (f == NULL)
+        goto error;
+    f->path = strdup(path);
+    if (f->path == NULL)
+        goto error;
+    f->ranges = malloc((nranges ? nranges : 1) * sizeof(*f->ranges));
+    if (f->ranges == NULL)
+        goto error;
+    if (nranges == 0) {
+        /* No ranges given: the whole file. */
+        f->ranges[0].offset = 0;
+        f->ranges[0].length = size;
+        nranges = 1;
+        chunks = amdt_nchunks(size, s->chunk_size);
+    } else {
+        memcpy(f->ranges, ranges, nranges * sizeof(*ranges));
+    }
+    f->id = id;
+    f->size = size;
+    f->mtime_ns = mtime_ns;
+    f->nranges = nranges;
+    f->cursor_left = chunks;
+    f->fd = -1;
+
+    pthread_mutex_lock(&s->mu);
+    if (amdt_map_get(&s->files, id) != NULL) {
+        pthread_mutex_unlock(&s->mu);
+        snprintf(err, errlen, "file id %u was already added", id);
+        rc = -2;
+        goto error;
+    }
+    if (amdt_map_put(&s->files, id, f) != 0) {
+        pthread_mutex_unlock(&s->mu);
+        goto error;
+    }
+    if (f->cursor_left > 0) {
+        if (s->q_tail != NULL)
+            s->q_tail->next = f;
+        else
+            s->q_head = f;
+        s->q_tail = f;
+        s->pending += f->cursor_left;
+        pthread_cond_broadcast(&s->cv_work);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+
+error:
+    if (rc == -3)
+        snprintf(err, errlen, "out of memory");
+    if (f != NULL) {
+        free(f->ranges);
+        free(f->path);
+        free(f);
+    }
+    return rc;
+}
+
+/* Queue a requeue entry. Caller holds s->mu. front=1 for chunks that were already taken. */
+static int amdt_requeue_push_locked(amdt_sender *s, amdt_sfile *f, uint64_t offset,
+                                    uint32_t length, int front)
+{
+    amdt_requeue *r = malloc(sizeof(*r));
+    if (r == NULL)
+        return -1;
+    r->f = f;
+    r->offset = offset;
+    r->length = length;
+    r->next = NULL;
+    if (front) {
+        r->next = s->rq_head;
+        s->rq_head = r;
+        if (s->rq_tail == NULL)
+            s->rq_tail = r;
+    } else {
+        if (s->rq_tail != NULL)
+            s->rq_tail->next = r;
+        else
+            s->rq_head = r;
+        s->rq_tail = r;
+    }
+    f->requeued++;
+    pthread_cond_signal(&s->cv_work);
+    return 0;
+}
+
+int amdt_sender_requeue(amdt_sender *s, uint32_t id, uint64_t offset, uint64_t length,
+                        char *err, size_t errlen)
+{
+    int rc;
+    pthread_mutex_lock(&s->mu);
+    amdt_sfile *f = amdt_map_get(&s->files, id);
+    if (f == NULL) {
+        snprintf(err, errlen, "unknown file id %u", id);
+        rc = -1;
+        goto done;
+    }
+    if (amdt_check_chunk(s, f->size, offset, length, err, errlen) != 0) {
+        rc = -2;
+        goto done;
+    }
+    if (length != (f->size - offset < s->chunk_size ? f->size - offset : s->chunk_size)) {
+        snprintf(err, errlen, "(%llu, %llu) is not one chunk of file %u (size %llu)",
+                 (unsigned long long)offset, (unsigned long long)length, id,
+                 (unsigned long long)f->size);
+        rc = -2;
+        goto done;
+    }
+    if (f->failed) {
+        rc = 0;
+        goto done;
+    }
+    if (amdt_requeue_push_locked(s, f, offset, (uint32_t)length, 0) != 0) {
+        snprintf(err, errlen, "out of memory");
+        rc = -3;
+        goto done;
+    }
+    s->pending++;
+    __atomic_fetch_add(&s->chunks_requeued, 1, __ATOMIC_RELAXED);
+    rc = 1;
+done:
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* Next chunk to read: requeued chunks first, then files in add order. Caller holds s->mu. */
+static int amdt_take_locked(amdt_sender *s, amdt_ticket *t)
+{
+    while (s->rq_head != NULL) {
+        amdt_requeue *r = s->rq_head;
+        s->rq_head = r->next;
+        if (s->rq_head == NULL)
+            s->rq_tail = NULL;
+        amdt_sfile *f = r->f;
+        f->requeued--;
+        t->f = f;
+        t->offset = r->offset;
+        t->length = r->length;
+        free(r);
+        if (f->failed)
+            continue; /* its pending count was dropped when it failed */
+        f->readers++;
+        return 1;
+    }
+    while (s->q_head != NULL) {
+        amdt_sfile *f = s->q_head;
+        if (f->failed || f->cursor_left == 0) {
+            s->q_head = f->next;
+            if (s->q_head == NULL)
+                s->q_tail = NULL;
+            f->next = NULL;
+            continue;
+        }
+        amdt_range *r = &f->ranges[f->range_idx];
+        uint64_t off = r->offset + f->range_pos;
+        uint64_t end = r->offset + r->length;
+        uint64_t len = end - off < s->chunk_size ? end - off : s->chunk_size;
+        f->range_pos += len;
+        if (f->range_pos >= r->length) {
+            f->range_idx++;
+            f->range_pos = 0;
+        }
+        f->cursor_left--;
+        if (f->cursor_left == 0) {
+            s->q_head = f->next;
+            if (s->q_head == NULL)
+                s->q_tail = NULL;
+            f->next = NULL;
+        }
+        f->readers++;
+        t->f = f;
+        t->offset = off;
+        t->length = (uint32_t)len;
+        return 1;
+    }
+    return 0;
+}
+
+/* Mark a file failed and drop its queued chunks. Caller holds s->mu. Returns 1 if it was
+ * not failed before (the caller then reports the event). */
+static int amdt_fail_file_locked(amdt_sender *s, amdt_sfile *f)
+{
+    if (f->failed)
+        return 0;
+    __atomic_store_n(&f->failed, 1, __ATOMIC_RELAXED);
+    s->pending -= f->cursor_left + f->requeued;
+    f->cursor_left = 0;
+    s->files_failed++;
+    return 1;
+}
+
+/* A reader is done with its ticket: maybe close the file's fd. Caller holds s->mu.
+ * Returns the fd to close (outside the lock) or -1. */
+static int amdt_release_ticket_locked(amdt_sfile *f)
+{
+    f->readers--;
+    if (f->readers == 0 && f->fd >= 0 &&
+        (f->failed || (f->cursor_left == 0 && f->requeued == 0))) {
+        int fd = f->fd;
+        f->fd = -1;
+        return fd;
+    }
+    return -1;
+}
+
+/* ---- read pool --------------------------------------------------------------------- */
+
+/* Read, check and hash one chunk into the slot. On failure the file is marked failed
+ * (with an event) and 0 is returned. Runs without any lock. */
+static int amdt_read_chunk(amdt_sender *s, const amdt_ticket *t, amdt_slot *slot)
+{
+    amdt_sfile *f = t->f;
+    char ebuf[128], msg[AMDT_EVENT_MSG];
+    int err = 0;
+    size_t got = 0;
+    struct stat st;
+
+    pthread_mutex_lock(&s->mu);
+    int fd = f->fd;
+    pthread_mutex_unlock(&s->mu);
+    if (fd < 0) {
+        int nfd = open(f->path, O_RDONLY | O_CLOEXEC);
+        if (nfd < 0) {
+            err = errno;
+            snprintf(msg, sizeof(msg), "open: %s", amdt_strerror(err, ebuf, sizeof(ebuf)));
+            goto fail;
+        }
+        pthread_mutex_lock(&s->mu);
+        if (f->fd < 0) {
+            f->fd = nfd;
+            nfd = -1;
+        }
+        fd = f->fd;
+        pthread_mutex_unlock(&s->mu);
+        if (nfd >= 0)
+            close(nfd); /* another reader opened it first */
+    }
+
+    while (got < t->length) {
+        ssize_t n = pread(fd, slot->data + got, t->length - got, (off_t)(t->offset + got));
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            err = errno;
+            snprintf(msg, sizeof(msg), "read: %s", amdt_strerror(err, ebuf, sizeof(ebuf)));
+            goto fail;
+        }
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    if (fstat(fd, &st) != 0) {
+        err = errno;
+        snprintf(msg, sizeof(msg), "fstat: %s", amdt_strerror(err, ebuf, sizeof(ebuf)));
+        goto fail;
+    }
+    int64_t mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    if ((uint64_t)st.st_size != f->size) {
+        snprintf(msg, sizeof(msg), "changed during read: size %llu -> %lld",
+                 (unsigned long long)f->size, (long long)st.st_size);
+        goto fail;
+    }
+    if (mtime_ns != f->mtime_ns) {
+        snprintf(msg, sizeof(msg), "changed during read: mtime_ns %lld -> %lld",
+                 (long long)f->mtime_ns, (long long)mtime_ns);
+        goto fail;
+    }
+    if (got < t->length) {
+        snprintf(msg, sizeof(msg), "short read at offset %llu: %zu of %u bytes",
+                 (unsigned long long)t->offset, got, t->length);
+        goto fail;
+    }
+
+    slot->file = f;
+    slot->file_id = f->id;
+    slot->offset = t->offset;
+    slot->length = t->length;
+    slot->hash = XXH3_64bits(slot->data, t->length);
+    return 1;
+
+fail:
+    pthread_mutex_lock(&s->mu);
+    int first = amdt_fail_file_locked(s, f);
+    pthread_mutex_unlock(&s->mu);
+    if (first)
+        amdt_event_push(&s->events, AMDT_EV_FILE_ERROR, f->id, t->offset, t->length, err,
+                        "%s", msg);
+    return 0;
+}
+
+static void amdt_reader_body(amdt_worker *w)
+{
+    amdt_sender *s = w->stage->owner;
+
+    while (!amdt_stage_should_exit(w)) {
+        amdt_ticket t;
+        amdt_slot *slot = NULL;
+
+        amdt_worker_set_state(w, AMDT_STATE_IDLE);
+        pthread_mutex_lock(&s->mu);
+        if (!amdt_take_locked(s, &t)) {
+            amdt_cond_wait_ms(&s->cv_work, &s->mu, AMDT_WAIT_MS);
+            pthread_mutex_unlock(&s->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+
+        /* Waiting for room in the staging buffer is the read stage's wait time. */
+        amdt_worker_set_state(w, AMDT_STATE_WAIT);
+        while (slot == NULL) {
+            slot = amdt_pool_get(&s->pool, t.length, AMDT_WAIT_MS);
+            if (slot == NULL && amdt_stage_should_exit(w))
+                break;
+        }
+        if (slot == NULL) {
+            /* Asked to exit while holding a chunk: hand it back, first in line. */
+            pthread_mutex_lock(&s->mu);
+            int fd = amdt_release_ticket_locked(t.f);
+            if (t.f->failed) {
+                s->pending--;
+            } else if (amdt_requeue_push_locked(s, t.f, t.offset, t.length, 1) != 0) {
+                s->pending--; /* out of memory: the session's missing() check finds it */
+                amdt_debug("read: lost chunk %u@%llu (out of memory)", t.f->id,
+                           (unsigned long long)t.offset);
+            }
+            pthread_mutex_unlock(&s->mu);
+            if (fd >= 0)
+                close(fd);
+            break;
+        }
+
+        amdt_worker_set_state(w, AMDT_STATE_BUSY);
+        amdt_pace pace = amdt_throttle_reserve(w, t.length);
+        int ok = amdt_read_chunk(s, &t, slot);
+        if (ok)
+            amdt_stage_add_bytes(&s->read, t.length);
+        amdt_throttle_wait(w, pace);
+
+        pthread_mutex_lock(&s->mu);
+        int fd = amdt_release_ticket_locked(t.f);
+        if (t.f->failed)
+            ok = 0;
+        if (!ok)
+            s->pending--;
+        pthread_mutex_unlock(&s->mu);
+        if (fd >= 0)
+            close(fd);
+        if (ok)
+            amdt_pool_push(&s->pool, slot);
+        else
+            amdt_pool_put(&s->pool, slot);
+    }
+}
+
+/* ---- network pool ------------------------------------------------------------------ */
+
+/* Sleep for the reconnect back-off, waking early when the thread should exit. */
+static void amdt_backoff(amdt_worker *w, int fails)
+{
+    unsigned ms = AMDT_BACKOFF_MIN_MS << (fails < 5 ? fails : 5);
+    if (ms > AMDT_BACKOFF_MAX_MS)
+        ms = AMDT_BACKOFF_MAX_MS;
+    uint64_t until = amdt_now_ns() + (uint64_t)ms * 1000000ULL;
+    while (amdt_now_ns() < until && !amdt_stage_should_exit(w)) {
+        uint64_t next = amdt_now_ns() + (uint64_t)AMDT_WAIT_MS * 1000000ULL;
+        amdt_sleep_until(next < until ? next : until, w->stage->stop, NULL, 0);
+    }
+}
+
+/* Send all of buf (header and hello). Returns 0 or an errno. */
+static int amdt_send_all(amdt_sender *s, int fd, const uint8_t *buf, size_t len)
+{
+    while (len > 0) {
+        if (s->stop)
+            return ECANCELED;
+        ssize_t n = send(fd, buf, len, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+                continue; /* SO_SNDTIMEO expired: re-check the stop flag */
+            return errno;
+        }
+        buf += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Connect, set options, send the hello. Returns the socket or -1 with *err set. */
+static int amdt_connect(amdt_sender *s, amdt_worker *w, int *err)
+{
+    int fd = socket(s->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        *err = errno;
+        return -1;
+    }
+    if (s->sndbuf > 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &s->sndbuf, sizeof(s->sndbuf));
+    if (connect(fd, (struct sockaddr *)&s->addr, s->addrlen) != 0) {
+        if (errno != EINPROGRESS) {
+            *err = errno;
+            goto error;
+        }
+        uint64_t until = amdt_now_ns() + (uint64_t)AMDT_CONNECT_TIMEOUT_MS * 1000000ULL;
+        for (;;) {
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            int pr = poll(&pfd, 1, AMDT_WAIT_MS);
+            if (pr > 0)
+                break;
+            if (pr < 0 && errno != EINTR) {
+                *err = errno;
+                goto error;
+            }
+            if (amdt_stage_should_exit(w)) {
+                *err = ECANCELED;
+                goto error;
+            }
+            if (amdt_now_ns() >= until) {
+                *err = ETIMEDOUT;
+                goto error;
+            }
+        }
+        int soerr = 0;
+        socklen_t sl = sizeof(soerr);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+        if (soerr != 0) {
+            *err = soerr;
+            goto error;
+        }
+    }
+    /* Back to blocking, with a send timeout so a stalled peer cannot hide the stop flag. */
+    int flags = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    struct timeval tv = {.tv_sec = 0, .tv_usec = AMDT_WAIT_MS * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+
+    uint8_t hello[AMDT_HELLO_LEN];
+    memcpy(hello, AMDT_HELLO_MAGIC, AMDT_HELLO_MAGIC_LEN);
+    memcpy(hello + AMDT_HELLO_MAGIC_LEN, s->token, AMDT_TOKEN_LEN);
+    *err = amdt_send_all(s, fd, hello, sizeof(hello));
+    if (*err != 0)
+        goto error;
+    return fd;
+
+error:
+    close(fd);
+    return -1;
+}
+
+/* Send one frame: header + payload with sendmsg, counting payload bytes as they leave.
+ * Returns 0 or an errno. */
+static int amdt_send_frame(amdt_sender *s, int fd, const uint8_t *hdr, amdt_slot *slot)
+{
+    size_t hdr_left = AMDT_FRAME_HDR_LEN, pay_done = 0;
+    while (hdr_left > 0 || pay_done < slot->length) {
+        if (s->stop)
+            return ECANCELED;
+        struct iovec iov[2];
+        int n_iov = 0;
+        if (hdr_left > 0) {
+            iov[n_iov].iov_base = (void *)(hdr + AMDT_FRAME_HDR_LEN - hdr_left);
+            iov[n_iov].iov_len = hdr_left;
+            n_iov++;
+        }
+        iov[n_iov].iov_base = slot->data + pay_done;
+        iov[n_iov].iov_len = slot->length - pay_done;
+        n_iov++;
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n_iov};
+        ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+                continue;
+            return errno;
+        }
+        size_t left = (size_t)n;
+        if (hdr_left > 0) {
+            size_t h = left < hdr_left ? left : hdr_left;
+            hdr_left -= h;
+            left -= h;
+        }
+        pay_done += left;
+        if (left > 0)
+            amdt_stage_add_bytes(&s->net, left);
+    }
+    return 0;
+}
+
+/* Take one unit from the fault-injection counter, if any is left. */
+static int amdt_take_fault(amdt_sender *s)
+{
+    int n = __atomic_load_n(&s->fault_corrupt, __ATOMIC_RELAXED);
+    while (n > 0) {
+        if (__atomic_compare_exchange_n(&s->fault_corrupt, &n, n - 1, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+            return 1;
+    }
+    return 0;
+}
+
+static void amdt_close_conn(amdt_worker *w)
+{
+    int fd = amdt_worker_take_sock(w);
+    if (fd >= 0) {
+        shutdown(fd, SHUT_WR); /* FIN after the last complete frame */
+        close(fd);
+    }
+}
+
+static void amdt_net_body(amdt_worker *w)
+{
+    amdt_sender *s = w->stage->owner;
+    char ebuf[128];
+    int fails = 0;
+    int fd = -1; /* this thread's connection (also published in w->sock for close) */
+
+    while (!amdt_stage_should_exit(w)) {
+        if (fd < 0) {
+            int err = 0;
+            amdt_worker_set_state(w, AMDT_STATE_IDLE);
+            fd = amdt_connect(s, w, &err);
+            if (fd < 0) {
+                if (err != ECANCELED) {
+                    amdt_event_push(&s->events, AMDT_EV_CONN_ERROR, 0, 0, 0, err,
+                                    "connect %s:%d: %s", s->host, s->port,
+                                    amdt_strerror(err, ebuf, sizeof(ebuf)));
+                    amdt_backoff(w, fails++);
+                }
+                continue;
+            }
+            amdt_worker_set_sock(w, fd);
+        }
+
+        amdt_worker_set_state(w, AMDT_STATE_WAIT);
+        amdt_slot *slot = amdt_pool_pop(&s->pool, AMDT_WAIT_MS);
+        if (slot == NULL)
+            continue;
+        amdt_sfile *f = slot->file;
+        if (__atomic_load_n(&f->failed, __ATOMIC_RELAXED)) {
+            pthread_mutex_lock(&s->mu);
+            s->pending--;
+            pthread_mutex_unlock(&s->mu);
+            amdt_pool_put(&s->pool, slot);
+            continue;
+        }
+
+        amdt_worker_set_state(w, AMDT_STATE_BUSY);
+        amdt_pace pace = amdt_throttle_reserve(w, slot->length);
+        uint8_t hdr[AMDT_FRAME_HDR_LEN];
+        amdt_frame_hdr h = {.magic = AMDT_FRAME_MAGIC, .file_id = slot->file_id,
+                            .offset = slot->offset, .length = slot->length, .flags = 0,
+                            .hash = slot->hash};
+        amdt_frame_encode(hdr, &h);
+        if (amdt_take_fault(s)) {
+            slot->data[slot->length / 2] ^= 0xFF; /* after hashing: corruption on the wire */
+            __atomic_fetch_add(&s->frames_corrupted, 1, __ATOMIC_RELAXED);
+        }
+        int err = amdt_send_frame(s, fd, hdr, slot);
+        if (err != 0) {
+            /* The chunk goes back to the readers (re-read: the slot may be corrupted). */
+            pthread_mutex_lock(&s->mu);
+            if (f->failed || amdt_requeue_push_locked(s, f, slot->offset, slot->length, 1) != 0)
+                s->pending--;
+            pthread_mutex_unlock(&s->mu);
+            amdt_pool_put(&s->pool, slot);
+            amdt_close_conn(w);
+            fd = -1;
+            if (err != ECANCELED) {
+                amdt_event_push(&s->events, AMDT_EV_CONN_ERROR, 0, 0, 0, err,
+                                "send to %s:%d: %s", s->host, s->port,
+                                amdt_strerror(err, ebuf, sizeof(ebuf)));
+                amdt_worker_set_state(w, AMDT_STATE_IDLE);
+                amdt_backoff(w, fails++);
+            }
+            continue;
+        }
+        fails = 0;
+        __atomic_fetch_add(&s->chunks_sent, 1, __ATOMIC_RELAXED);
+        amdt_throttle_wait(w, pace);
+        pthread_mutex_lock(&s->mu);
+        s->pending--;
+        pthread_mutex_unlock(&s->mu);
+        amdt_pool_put(&s->pool, slot);
+    }
+    amdt_close_conn(w);
+}
+
+/* ---- control ----------------------------------------------------------------------- */
+
+int amdt_sender_set_threads(amdt_sender *s, int nread, int nnet, int *old_read, int *old_net)
+{
+    int rc = 0, rc2 = 0;
+    if (nread >= 0)
+        rc = amdt_stage_set_target(&s->read, nread, old_read);
+    if (nnet >= 0)
+        rc2 = amdt_stage_set_target(&s->net, nnet, old_net);
+    /* Wake waiting threads so the ones above the new target exit promptly. */
+    pthread_mutex_lock(&s->mu);
+    pthread_cond_broadcast(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
+    amdt_pool_wake(&s->pool);
+    return rc ? rc : rc2;
+}
+
+void amdt_sender_set_fault_corrupt(amdt_sender *s, int n)
+{
+    __atomic_store_n(&s->fault_corrupt, n, __ATOMIC_RELAXED);
+}
+
+void amdt_sender_get_stats(amdt_sender *s, amdt_sender_stats *out)
+{
+    out->time_ns = amdt_now_ns();
+    amdt_stage_get_stats(&s->read, &out->read);
+    amdt_stage_get_stats(&s->net, &out->net);
+    amdt_pool_get_stats(&s->pool, &out->buffer);
+    out->chunks_sent = __atomic_load_n(&s->chunks_sent, __ATOMIC_RELAXED);
+    out->chunks_requeued = __atomic_load_n(&s->chunks_requeued, __ATOMIC_RELAXED);
+    out->frames_corrupted = __atomic_load_n(&s->frames_corrupted, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&s->mu);
+    out->chunks_pending = s->pending;
+    out->files_failed = s->files_failed;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void amdt_sender_close(amdt_sender *s)
+{
+    if (s->closed)
+        return;
+    s->closed = 1;
+    s->stop = 1;
+    pthread_mutex_lock(&s->mu);
+    pthread_cond_broadcast(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
+    amdt_pool_wake(&s->pool);
+    amdt_stage_shutdown_socks(&s->net);
+    amdt_stage_join_all(&s->read);
+    amdt_stage_join_all(&s->net);
+
+    /* Every thread is gone: close the file descriptors, free the staged memory. */
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->files.cap; i++) {
+        if (!amdt_map_live(&s->files, i))
+            continue;
+        amdt_sfile *f = s->files.vals[i];
+        if (f->fd >= 0) {
+            close(f->fd);
+            f->fd = -1;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    amdt_pool_release(&s->pool);
+    amdt_debug("sender: closed");
+}
+
+void amdt_sender_free(amdt_sender *s)
+{
+    if (s == NULL)
+        return;
+    amdt_sender_close(s);
+    for (size_t i = 0; i < s->files.cap; i++) {
+        if (!amdt_map_live(&s->files, i))
+            continue;
+        amdt_sfile *f = s->files.vals[i];
+        free(f->ranges);
+        free(f->path);
+        free(f);
+    }
+    amdt_map_free(&s->files);
+    while (s->rq_head != NULL) {
+        amdt_requeue *r = s->rq_head;
+        s->rq_head = r->next;
+        free(r);
+    }
+    amdt_stage_destroy(&s->net);
+    amdt_stage_destroy(&s->read);
+    amdt_pool_destroy(&s->pool);
+    amdt_events_free(&s->events);
+    pthread_cond_destroy(&s->cv_work);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}

@@ -1,0 +1,110 @@
+/*
+ * Stage: a resizable pool of worker threads with per-thread time accounting and throttles.
+ *
+ * Worker slots are pre-allocated (max_threads per stage). Thread i runs while i < target;
+ * it checks amdt_stage_should_exit() between chunks, so shrinking lets it finish its current
+ * chunk first. A slot whose thread has exited but was not joined yet is a "zombie"; it is
+ * joined (immediately: the thread no longer takes any lock) before the slot gets a new thread,
+ * so one slot never has two threads. Growing back before an exiting thread noticed the
+ * shrink simply keeps that thread.
+ *
+ * Each worker keeps `state` + `since_ns`; a state change adds the elapsed time to the
+ * old state's bucket. amdt_stage_get_stats() adds the in-progress part of every live
+ * thread's current state, so a thread blocked for seconds is counted continuously.
+ *
+ * Throttles (emulated slow devices/links): a per-thread virtual clock and a per-stage
+ * shared virtual clock. next = max(now, next) + bytes / rate, reserved before the work and
+ * slept off after it; the sleep counts as busy time.
+ */
+#ifndef AMDT_STAGE_H
+#define AMDT_STAGE_H
+
+#include "common.h"
+
+enum amdt_state { AMDT_STATE_OFF = 0, AMDT_STATE_IDLE, AMDT_STATE_BUSY, AMDT_STATE_WAIT, AMDT_NSTATES };
+
+typedef struct amdt_stage amdt_stage;
+
+typedef struct amdt_worker {
+    amdt_stage *stage;
+    int index;
+    int has_thread;  /* a pthread exists for this slot and was not joined yet (stage->mu) */
+    int exited;      /* its body returned; join before reusing the slot (stage->mu) */
+    pthread_t tid;
+    int state;       /* stage->mu */
+    uint64_t since_ns;
+    uint64_t acc_ns[AMDT_NSTATES];
+    uint64_t thr_next_ns; /* per-thread throttle clock (stage->thr_mu) */
+    int sock;        /* socket owned by this thread, -1 if none (stage->mu) */
+    void *ctx;       /* per-thread data given to amdt_stage_spawn() */
+} amdt_worker;
+
+typedef void (*amdt_worker_fn)(amdt_worker *w);
+
+struct amdt_stage {
+    pthread_mutex_t mu;
+    const char *name;
+    int max_threads;
+    int target;
+    int live;
+    amdt_worker *workers;
+    amdt_worker_fn body;
+    void *owner;
+    const volatile int *stop;
+    uint64_t bytes; /* payload bytes moved, atomic */
+
+    pthread_mutex_t thr_mu;
+    uint64_t thread_bps, total_bps; /* bytes per second, 0 = unlimited */
+    uint64_t total_next_ns;
+    volatile unsigned thr_gen; /* bumped by set_throttle: sleepers re-plan */
+};
+
+typedef struct amdt_stage_stats {
+    uint64_t bytes;
+    uint64_t busy_ns, wait_ns, idle_ns;
+    int target, live;
+} amdt_stage_stats;
+
+int amdt_stage_init(amdt_stage *st, const char *name, int max_threads, amdt_worker_fn body,
+                    void *owner, const volatile int *stop);
+/* All threads must have been joined (amdt_stage_join_all). */
+void amdt_stage_destroy(amdt_stage *st);
+
+/* Set the target thread count, starting threads for empty slots below it and joining
+ * exited ones. Returns 0, or an errno from pthread_create (target then equals the number
+ * of threads that run). *old gets the previous target. */
+int amdt_stage_set_target(amdt_stage *st, int n, int *old);
+/* Start one thread on a free slot with w->ctx = ctx (receiver connections). Returns the slot
+ * index, -1 if every slot is busy, or -2 if pthread_create failed (errno set). */
+int amdt_stage_spawn(amdt_stage *st, void *ctx);
+/* True when the stop flag is set or this worker's slot is above the target. */
+int amdt_stage_should_exit(amdt_worker *w);
+/* shutdown(SHUT_RDWR) every worker socket, so blocked send/recv calls return. */
+void amdt_stage_shutdown_socks(amdt_stage *st);
+/* Join every thread (the stop flag must be set). Call without the GIL. */
+void amdt_stage_join_all(amdt_stage *st);
+
+void amdt_worker_set_state(amdt_worker *w, int state);
+void amdt_worker_set_sock(amdt_worker *w, int fd);
+/* Detach the worker's socket and return it (-1 if none); the caller closes it. */
+int amdt_worker_take_sock(amdt_worker *w);
+
+static inline void amdt_stage_add_bytes(amdt_stage *st, uint64_t n)
+{
+    __atomic_fetch_add(&st->bytes, n, __ATOMIC_RELAXED);
+}
+
+void amdt_stage_get_stats(amdt_stage *st, amdt_stage_stats *out);
+
+/* Throttles. */
+void amdt_stage_set_throttle(amdt_stage *st, uint64_t thread_bps, uint64_t total_bps);
+typedef struct amdt_pace {
+    uint64_t until_ns; /* 0: no sleep */
+    unsigned gen;
+} amdt_pace;
+/* Reserve `bytes` on the thread's and the stage's clocks (call before the work). */
+amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes);
+/* Sleep off a reservation (call after the work; wakes early on stop or a rate change). */
+void amdt_throttle_wait(amdt_worker *w, amdt_pace pace);
+
+#endif /* AMDT_STAGE_H */

@@ -1,0 +1,65 @@
+/*
+ * Wire format of the data connections (documented for humans in transfer_engine/PROTOCOL.md).
+ *
+ * A data connection goes one way, sender -> receiver, and carries:
+ *   hello : 8 bytes "AMDTDATA" + 32 bytes session token                       (40 bytes)
+ *   frame*: 32-byte header, all little-endian, then `length` payload bytes
+ *             uint32 magic   = 0x43444D41 ("AMDC" in memory order)
+ *             uint32 file_id
+ *             uint64 offset   (a multiple of the session chunk size)
+ *             uint32 length   (min(chunk_size, file_size - offset), > 0)
+ *             uint32 flags    (0; receivers reject anything else)
+ *             uint64 hash     (XXH3_64bits of the payload, seed 0)
+ * The sender closes a connection only at a frame boundary; EOF inside a frame means the
+ * partial chunk is dropped. The receiver never writes to a data connection.
+ *
+ * Journal record (receiver side, one per written chunk, appended with one write()):
+ *   char magic[4] = "AMJR", uint32 length, uint64 offset, uint64 hash,
+ *   uint64 check = XXH3_64bits(first 24 bytes of the record)                  (32 bytes)
+ */
+#ifndef AMDT_WIRE_H
+#define AMDT_WIRE_H
+
+#include "common.h"
+
+#define AMDT_HELLO_MAGIC "AMDTDATA"
+#define AMDT_HELLO_MAGIC_LEN 8
+#define AMDT_TOKEN_LEN 32
+#define AMDT_HELLO_LEN (AMDT_HELLO_MAGIC_LEN + AMDT_TOKEN_LEN)
+
+#define AMDT_FRAME_MAGIC 0x43444D41u
+#define AMDT_FRAME_HDR_LEN 32
+
+#define AMDT_JOURNAL_MAGIC "AMJR"
+#define AMDT_JOURNAL_REC_LEN 32
+
+typedef struct amdt_frame_hdr {
+    uint32_t magic;
+    uint32_t file_id;
+    uint64_t offset;
+    uint32_t length;
+    uint32_t flags;
+    uint64_t hash;
+} amdt_frame_hdr;
+
+static inline void amdt_frame_encode(uint8_t out[AMDT_FRAME_HDR_LEN], const amdt_frame_hdr *h)
+{
+    amdt_put_le32(out + 0, h->magic);
+    amdt_put_le32(out + 4, h->file_id);
+    amdt_put_le64(out + 8, h->offset);
+    amdt_put_le32(out + 16, h->length);
+    amdt_put_le32(out + 20, h->flags);
+    amdt_put_le64(out + 24, h->hash);
+}
+
+static inline void amdt_frame_decode(amdt_frame_hdr *h, const uint8_t in[AMDT_FRAME_HDR_LEN])
+{
+    h->magic = amdt_get_le32(in + 0);
+    h->file_id = amdt_get_le32(in + 4);
+    h->offset = amdt_get_le64(in + 8);
+    h->length = amdt_get_le32(in + 16);
+    h->flags = amdt_get_le32(in + 20);
+    h->hash = amdt_get_le64(in + 24);
+}
+
+#endif /* AMDT_WIRE_H */
