@@ -361,7 +361,8 @@ class Profile:
         One stage is chosen as the bottleneck (each equally likely); its bandwidth is log-uniform in
         ``bandwidth_range``; the other two stages are 1-20x faster (log-uniform, capped). Each
         stage's per-thread rate is chosen so that its ideal thread count ``B_min / tpt`` is
-        log-uniform in ``[1, 1.25*max_threads]``, then clipped to ``tpt_range``. Buffers hold
+        log-uniform in ``[0.5, 1.25*max_threads]`` (below 1: a single thread saturates the
+        stage), then clipped to ``tpt_range``. Buffers hold
         0.25-8 s of the bottleneck rate; noise is uniform in ``noise_range``.
 
         :param rng: the generator (e.g. an env's ``np_random``).
@@ -417,7 +418,7 @@ def random_profile_arrays(u: np.ndarray, max_threads: int, **ranges: Any) -> dic
     bw[rows, bott] = b_min
     bw[rows[:, None], others] = np.minimum(b_min[:, None] * ratios, max(hi_bw, 1.0) * 1.0)
     bw = np.maximum(bw, b_min[:, None])
-    n_star = _loguniform(u[:, 4:7], 1.0, 1.25 * max_threads)
+    n_star = _loguniform(u[:, 4:7], 0.5, 1.25 * max_threads)  # < 1: one thread saturates
     tpt = np.clip(b_min[:, None] / n_star, *r["tpt_range"])
     secs = _loguniform(u[:, 7:9], *r["buffer_seconds"])
     buffers = np.clip(b_min[:, None] * secs, *r["buffer_bytes"]).astype(np.int64)

@@ -1,0 +1,142 @@
+"""The yardstick: the best steady-state thread triple for a known profile, and a policy evaluator.
+
+``fraction_of_oracle = policy utility / oracle utility`` (both in the reward's normalisation).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from automdt.simulator.env import BufferSimEnv
+from automdt.simulator.profile import Profile, capacity_array
+from automdt.simulator.types import Observation, Triple
+
+__all__ = ["OracleResult", "SimTrajectory", "evaluate_policy_in_sim", "oracle"]
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    """Best steady state of a profile.
+
+    :param threads: the utility-maximising (read, net, write) thread counts.
+    :param utility: its utility ``sum_i (T / scale) / k**n_i`` with ``scale = profile.achievable_bps``.
+    :param throughput_bps: its steady-state throughput ``T = min_i capacity_i(n_i)`` (bytes/s).
+    """
+
+    threads: Triple
+    utility: float
+    throughput_bps: float
+
+
+def oracle(profile: Profile, k: float = 1.02) -> OracleResult:
+    """Exhaustive search over every triple in ``[1, max_threads]^3`` (vectorised).
+
+    In steady state every stage moves the bottleneck's rate ``T = min_i c_i(n_i)``, so the
+    utility of a triple is ``(T / scale) * sum_i k**-n_i``. Ties go to the triple that is first in
+    (read, net, write) lexicographic order, i.e. to fewer threads.
+
+    :param profile: the path profile (its ``max_threads`` bounds the search).
+    :param k: utility base per thread.
+    """
+    m = profile.max_threads
+    n = np.arange(1, m + 1, dtype=np.float64)
+    caps = capacity_array(profile.tpt_array()[:, None], profile.bandwidth_array()[:, None], n[None, :],
+                          profile.capacity_model)  # (3, m)
+    pen = np.power(float(k), -n)  # (m,)
+    scale = profile.achievable_bps
+    best = (-np.inf, (1, 1, 1), 0.0)
+    # One read count at a time keeps memory at m^2 (m = 1000 still works).
+    cap_nw = np.minimum(caps[1][:, None], caps[2][None, :])  # (m, m)
+    pen_nw = pen[:, None] + pen[None, :]
+    for i in range(m):
+        t = np.minimum(caps[0][i], cap_nw)
+        u = (t / scale) * (pen[i] + pen_nw)
+        j = int(np.argmax(u))
+        if u.flat[j] > best[0]:
+            a, b = divmod(j, m)
+            best = (float(u.flat[j]), (i + 1, a + 1, b + 1), float(t.flat[j]))
+    return OracleResult(threads=best[1], utility=best[0], throughput_bps=best[2])
+
+
+@dataclass
+class SimTrajectory:
+    """What :func:`evaluate_policy_in_sim` returns (arrays have one row per step).
+
+    :param threads: (steps, 3) thread counts used in each interval.
+    :param throughput_bps: (steps, 3) achieved throughputs (bytes/s).
+    :param buffer_fill: (steps, 2) buffer fill fractions at the end of each interval.
+    :param utilities: (steps,) utility of each interval (reward normalisation, no penalty).
+    :param settled_threads: the most frequent triple over the last third of the steps.
+    :param fraction_of_oracle: mean utility over the last half / ``oracle.utility``.
+    :param oracle: the profile's :class:`OracleResult`.
+    """
+
+    threads: np.ndarray
+    throughput_bps: np.ndarray
+    buffer_fill: np.ndarray
+    utilities: np.ndarray
+    settled_threads: Triple
+    fraction_of_oracle: float
+    oracle: OracleResult
+    observations: list[Observation] = field(default_factory=list, repr=False)
+
+    @property
+    def mean_throughput_bps(self) -> float:
+        """Mean end-to-end (write-stage) throughput over the whole run."""
+        return float(self.throughput_bps[:, 2].mean())
+
+
+def evaluate_policy_in_sim(
+    policy: Any,
+    profile: Profile,
+    steps: int = 60,
+    seed: int | None = 0,
+    k: float = 1.02,
+    noise: float | None = None,
+    start_threads: Triple | None = None,
+) -> SimTrajectory:
+    """Run a policy in :class:`BufferSimEnv` on ``profile`` and score it against the oracle.
+
+    :param policy: an object with ``reset(max_threads, seed) -> Triple`` and
+        ``act(Observation) -> Triple`` (the :class:`automdt.agents.base.Policy` protocol), or a
+        plain callable ``act(Observation) -> Triple`` (then the start is ``start_threads`` or
+        (1, 1, 1)).
+    :param profile: the path profile.
+    :param steps: number of control intervals after the start interval.
+    :param seed: seed of the environment (noise) and of ``policy.reset``.
+    :param k: utility base per thread.
+    :param noise: capacity noise; ``None``: the profile's.
+    :param start_threads: overrides the policy's start triple.
+    """
+    assert steps >= 1, f"steps must be >= 1, got {steps}"
+    if hasattr(policy, "act") and hasattr(policy, "reset"):
+        start = policy.reset(profile.max_threads, seed)
+        act: Callable[[Observation], Any] = policy.act
+    elif callable(policy):
+        start, act = (1, 1, 1), policy
+    else:
+        raise TypeError("policy must have reset()/act() methods or be a callable act(Observation)")
+    if start_threads is not None:
+        start = start_threads
+    env = BufferSimEnv(profile, k=k, episode_steps=steps, random_start=False, noise=noise)
+    _, info = env.reset(seed=seed, options={"threads": tuple(int(x) for x in start)})
+    threads = np.zeros((steps, 3), dtype=np.int64)
+    tput = np.zeros((steps, 3))
+    fill = np.zeros((steps, 2))
+    util = np.zeros(steps)
+    observations = [info["observation"]]
+    for t in range(steps):
+        triple = act(info["observation"])
+        _, _, _, _, info = env.step_threads(tuple(int(x) for x in triple))
+        o = info["observation"]
+        observations.append(o)
+        threads[t], tput[t], fill[t], util[t] = o.threads, o.throughput_bps, o.buffer_fill, info["sim/utility"]
+    last_third = [tuple(int(x) for x in row) for row in threads[-max(1, steps // 3):]]
+    settled: Triple = Counter(last_third).most_common(1)[0][0]  # type: ignore[assignment]
+    orc = oracle(profile, k)
+    frac = float(util[-max(1, steps // 2):].mean() / orc.utility) if orc.utility > 0 else float("nan")
+    return SimTrajectory(threads=threads, throughput_bps=tput, buffer_fill=fill, utilities=util,
+                         settled_threads=settled, fraction_of_oracle=frac, oracle=orc, observations=observations)
