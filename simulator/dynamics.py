@@ -71,20 +71,26 @@ def encode_arrays(
     prev_throughput_bps: np.ndarray,
     ref_bps: np.ndarray,
     max_threads: int,
+    clip: bool = True,
 ) -> np.ndarray:
     """Encode (N,...) measurements into the (N, :data:`OBS_DIM`) float32 policy input in [0, 1].
 
     ``ref_bps`` (N,) is the running throughput reference (already updated with this interval).
+    ``clip=False`` skips the clipping to [0, 1] when the inputs are known to be in range (the
+    simulator's are: ref is a running max, 1 <= threads <= max_threads, 0 <= fill <= 1), which
+    gives the same result faster.
     """
     n = threads.shape[0]
     out = np.empty((n, OBS_DIM), dtype=np.float32)
     inv_m = 1.0 / max_threads
     inv_ref = 1.0 / np.maximum(ref_bps, _TINY_BPS)[:, None]
-    out[:, 0:3] = np.clip(threads * inv_m, 0.0, 1.0)
-    out[:, 3:6] = np.clip(throughput_bps * inv_ref, 0.0, 1.0)
-    out[:, 6:8] = np.clip(fill, 0.0, 1.0)
-    out[:, 8:11] = np.clip(prev_threads * inv_m, 0.0, 1.0)
-    out[:, 11:14] = np.clip(prev_throughput_bps * inv_ref, 0.0, 1.0)
+    out[:, 0:3] = threads * inv_m
+    out[:, 3:6] = throughput_bps * inv_ref
+    out[:, 6:8] = fill
+    out[:, 8:11] = prev_threads * inv_m
+    out[:, 11:14] = prev_throughput_bps * inv_ref
+    if clip:
+        np.clip(out, 0.0, 1.0, out=out)
     return out
 
 
@@ -185,6 +191,7 @@ class SimCore:
         self.max_threads = int(profile.max_threads)
         self.interval_s = float(profile.interval_s)
         self.model = "min" if random_profiles else profile.capacity_model
+        self._pen = np.power(self.k, -np.arange(self.max_threads + 1, dtype=np.float64))  # k**-n lookup
         self.block_len = self.episode_steps + 1  # intervals per noise block (reset + steps)
         self.n_uniforms = N_PARAM_UNIFORMS + 3 * self.block_len
 
@@ -228,8 +235,8 @@ class SimCore:
         if m == 0:
             return
         u = np.empty((m, self.n_uniforms))
-        for j, i in enumerate(rows):
-            u[j] = rngs[int(i)].random(self.n_uniforms)
+        for j, i in enumerate(rows.tolist()):
+            rngs[i].random(out=u[j])  # same stream as rng.random(n_uniforms), no temporary
         p = self.profile
         if self.random_profiles:
             arr = random_profile_arrays(u[:, U_LAYOUT["profile"]], self.max_threads)
@@ -306,8 +313,8 @@ class SimCore:
         else:
             prev_threads, prev_tput = self.threads[sel], self.tput[sel]
         fill = np.stack([S / self.smax[sel], R / self.rmax[sel]], axis=1)
-        obs = encode_arrays(threads, tput, fill, prev_threads, prev_tput, ref, self.max_threads)
-        util = utility_arrays(tput, threads, self.k, self.scale[sel])
+        obs = encode_arrays(threads, tput, fill, prev_threads, prev_tput, ref, self.max_threads, clip=False)
+        util = np.sum(tput * self._pen[threads], axis=1) / self.scale[sel]
         reward = util
         if self.bound_penalty:
             reward = util - self.bound_penalty * (threads >= self.max_threads).sum(axis=1)
