@@ -1,0 +1,126 @@
+"""Build a policy from a short spec string (CLI, experiments, configs).
+
+Specs:
+
+* ``static:R,N,W``: fixed thread counts;
+* ``globus``: Globus-like concurrency 4 x parallelism 8, i.e. ``(4, 32, 4)`` clipped;
+* ``marlin``, ``falcon``, ``heuristic`` (Arslan et al.), ``model`` (Jung et al.): the baselines;
+* ``ppo``, ``ppo:PATH``, or a path ending in ``.zip``: a PPO policy file, loaded by
+  ``automdt.agents.ppo.load_policy`` (imported only then, since it pulls in torch);
+* ``oracle``: the simulator's oracle, from ``automdt.simulator.oracle`` (simulator only; needs
+  ``profile=`` unless that module provides ``oracle_policy``).
+
+Keyword arguments go to the policy's constructor (or to the loader), e.g.
+``make_policy("heuristic", 32, rtt_s=0.02, avg_file_size=64 << 20)``. More names can be added
+with :func:`register_policy`.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Dict, List
+
+from automdt.agents.base import Policy
+from automdt.agents.falcon import FalconPolicy
+from automdt.agents.heuristic import HeuristicPolicy
+from automdt.agents.marlin import MarlinPolicy
+from automdt.agents.model_based import ModelBasedPolicy
+from automdt.agents.static import StaticPolicy, globus_policy, parse_static
+
+PolicyFactory = Callable[..., Policy]
+"""``factory(max_threads=..., **kw) -> Policy``."""
+
+_FACTORIES: Dict[str, PolicyFactory] = {
+    "globus": globus_policy,
+    "marlin": MarlinPolicy,
+    "falcon": FalconPolicy,
+    "heuristic": HeuristicPolicy,
+    "model": ModelBasedPolicy,
+}
+_ALIASES: Dict[str, str] = {"arslan": "heuristic", "jung": "model", "model-based": "model", "model_based": "model"}
+
+ORACLE_FACTORY = "oracle_policy"
+"""Factory ``automdt.simulator.oracle`` may provide for the ``oracle`` spec:
+``oracle_policy(max_threads=..., **kw) -> Policy``. Without it, ``oracle`` needs
+``profile=...`` and holds the triple of ``automdt.simulator.oracle.oracle(profile, k)``."""
+
+
+def available_policies() -> List[str]:
+    """The spec forms :func:`make_policy` accepts, for help texts and error messages."""
+    return ["static:R,N,W", *sorted(_FACTORIES), "ppo", "ppo:PATH", "PATH.zip", "oracle"]
+
+
+def register_policy(name: str, factory: PolicyFactory) -> None:
+    """Make ``make_policy(name, max_threads, **kw)`` call ``factory(max_threads=..., **kw)``."""
+    key = name.strip().lower()
+    if not key or ":" in key or key.endswith(".zip") or key in ("static", "ppo", "oracle"):
+        raise ValueError(f"cannot register a policy under {name!r}")
+    _FACTORIES[key] = factory
+
+
+def _unknown(spec: str) -> ValueError:
+    return ValueError(f"unknown policy {spec!r}; valid: {', '.join(available_policies())}")
+
+
+def _import_optional(module: str, what: str):
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module.startswith(exc.name):
+            raise ImportError(f"policy {what!r} needs {module}, which is not available in this installation") from exc
+        raise
+
+
+def _load_ppo(path: str, **kw: Any) -> Policy:
+    ppo = _import_optional("automdt.agents.ppo", "ppo")
+    return ppo.load_policy(path, **kw)
+
+
+def _load_oracle(max_threads: int, **kw: Any) -> Policy:
+    oracle = _import_optional("automdt.simulator.oracle", "oracle")
+    factory = getattr(oracle, ORACLE_FACTORY, None)
+    if factory is not None:
+        return factory(max_threads=max_threads, **kw)
+    # Fallback: the oracle's steady-state triple for a known profile, held fixed.
+    solve = getattr(oracle, "oracle", None)
+    profile = kw.pop("profile", None)
+    if solve is None or profile is None or set(kw) - {"k"}:
+        raise ValueError("policy 'oracle' needs profile=<automdt.simulator.profile.Profile> (and optionally k=)")
+    best = solve(profile, **kw)
+    r, n, w = best.threads
+    return StaticPolicy(r, n, w, name="oracle", max_threads=max_threads)
+
+
+def make_policy(spec: str, max_threads: int, **kw: Any) -> Policy:
+    """Build the policy named by ``spec`` for a transfer with at most ``max_threads`` per stage.
+
+    :param spec: see the module docstring.
+    :param max_threads: upper bound of every stage's thread count (``reset`` may override it).
+    :param kw: constructor / loader keyword arguments.
+    :raises ValueError: for an unknown or malformed spec.
+    :raises ImportError: for ``ppo``/``oracle`` when their module is not available.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise _unknown(str(spec))
+    if int(max_threads) < 1:
+        raise ValueError(f"max_threads must be >= 1, got {max_threads!r}")
+    raw = spec.strip()
+    key = raw.lower()
+    if key.startswith("static:") or key == "static":
+        if kw:
+            raise ValueError(f"static policy takes no options, got {sorted(kw)}")
+        return parse_static(raw, max_threads=max_threads)
+    key = _ALIASES.get(key, key)
+    if key in _FACTORIES:
+        return _FACTORIES[key](max_threads=max_threads, **kw)
+    if key == "ppo":
+        return _load_ppo("ppo", **kw)
+    if key.startswith("ppo:"):
+        path = raw[len("ppo:"):].strip()
+        if not path:
+            raise ValueError("ppo policy spec 'ppo:PATH' needs a path")
+        return _load_ppo(path, **kw)
+    if key.endswith(".zip"):
+        return _load_ppo(raw, **kw)
+    if key == "oracle":
+        return _load_oracle(max_threads, **kw)
+    raise _unknown(raw)
