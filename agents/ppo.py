@@ -1,0 +1,287 @@
+"""The AutoMDT agent: a PPO policy trained offline in the buffer simulator, behind :class:`Policy`.
+
+A policy file is a stable-baselines3 zip (``model.save``) plus a metadata sidecar next to it
+(``<file>.json``, written by :func:`automdt.agents.training.train`). The shipped default policy is
+``automdt/data/default_policy.zip``; ``load_policy("ppo")`` (or ``"default"``) loads it.
+
+Loading never unpickles anything. An SB3 zip stores some entries (the spaces, the policy class
+and keyword arguments, the schedules) with cloudpickle, and ``PPO.load`` unpickles them, so an
+attacker who can write the file can run code as whoever loads it. :meth:`PPOPolicy.load` instead
+rebuilds the network from the JSON sidecar and the simulator's own spaces and reads only the
+weights (``policy.pth``, through ``torch.load(weights_only=True)``). It still refuses a file
+that other users can write (group- or world-writable, or owned by someone else): the same file
+may be handed to SB3 tools that do unpickle, and a swapped file would change the transfer's
+behaviour anyway.
+
+This module is the only one in the package that imports torch and stable-baselines3; the CLI
+imports it lazily, so transfers with a non-PPO policy never pay for torch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import zipfile
+from importlib import resources
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.policies import ActorCriticPolicy
+
+from automdt.agents.base import clamp_triple
+from automdt.simulator.env import ObservationEncoder, action_to_threads, make_action_space, make_observation_space
+from automdt.simulator.types import Observation, Triple
+
+__all__ = [
+    "PPOPolicy",
+    "DEFAULT_POLICY_NAMES",
+    "default_policy_path",
+    "load_policy",
+    "policy_metadata",
+    "sha256_file",
+    "POLICY_FORMAT",
+]
+
+POLICY_FORMAT = "automdt-ppo/1"
+"""Value of ``format`` in the metadata sidecar; bumped when the file layout changes."""
+
+DEFAULT_POLICY_NAMES = ("ppo", "default")
+"""Names that :func:`load_policy` resolves to the shipped default policy."""
+
+_ACTIVATIONS = {"Tanh": th.nn.Tanh, "ReLU": th.nn.ReLU, "ELU": th.nn.ELU, "LeakyReLU": th.nn.LeakyReLU}
+"""Activation functions a policy file may name (by class name; nothing else is accepted)."""
+
+
+def _not_a_policy(path: Union[str, os.PathLike], why: str) -> ValueError:
+    return ValueError(f"{os.fspath(path)}: not an AutoMDT policy ({why})")
+
+
+def sha256_file(path: Union[str, os.PathLike]) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def default_policy_path() -> Path:
+    """Path of the shipped default policy (``automdt/data/default_policy.zip``)."""
+    res = resources.files("automdt").joinpath("data", "default_policy.zip")
+    return Path(os.fspath(res))  # type: ignore[arg-type]  # the package is installed as files
+
+
+def policy_metadata(path: Union[str, os.PathLike]) -> Dict[str, Any]:
+    """Read the metadata sidecar ``<path>.json`` of a policy file (no checks beyond JSON)."""
+    meta_path = Path(os.fspath(path) + ".json")
+    try:
+        with open(meta_path, "r", encoding="utf-8") as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise _not_a_policy(path, f"no metadata file {meta_path.name} next to it") from None
+    except (OSError, ValueError) as e:
+        raise _not_a_policy(path, f"unreadable metadata {meta_path.name}: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != POLICY_FORMAT:
+        raise _not_a_policy(path, f"metadata {meta_path.name} is not format {POLICY_FORMAT!r}")
+    return meta
+
+
+def _check_not_writable_by_others(path: Path) -> None:
+    st = path.stat()
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ValueError(
+            f"{path}: refusing to load a policy file writable by other users "
+            f"(mode {stat.S_IMODE(st.st_mode):o}); fix with `chmod go-w {path}`"
+        )
+    if st.st_uid not in (os.getuid(), 0):
+        raise ValueError(
+            f"{path}: refusing to load a policy file owned by another user (uid {st.st_uid}); "
+            "copy it to a file you own"
+        )
+
+
+def _space_to_json(space: spaces.Space) -> Dict[str, Any]:
+    """Describe a space in plain JSON (what the metadata sidecar records)."""
+    if isinstance(space, spaces.Box):
+        return {
+            "type": "Box",
+            "shape": list(space.shape),
+            "dtype": str(space.dtype),
+            "low": np.asarray(space.low).ravel().tolist(),
+            "high": np.asarray(space.high).ravel().tolist(),
+        }
+    if isinstance(space, spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "nvec": np.asarray(space.nvec).ravel().tolist(),
+                "start": np.asarray(getattr(space, "start", np.zeros_like(space.nvec))).ravel().tolist()}
+    if isinstance(space, spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    raise TypeError(f"unsupported space {space!r}")
+
+
+def _policy_kwargs_to_json(policy_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    out = dict(policy_kwargs)
+    act = out.get("activation_fn", th.nn.Tanh)
+    out["activation_fn"] = act.__name__
+    return out
+
+
+def _policy_kwargs_from_json(path: Path, raw: Any) -> Dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise _not_a_policy(path, "metadata has no policy_kwargs")
+    kwargs = dict(raw)
+    name = kwargs.get("activation_fn", "Tanh")
+    if name not in _ACTIVATIONS:
+        raise _not_a_policy(path, f"unknown activation {name!r}")
+    kwargs["activation_fn"] = _ACTIVATIONS[name]
+    allowed = {"net_arch", "activation_fn", "ortho_init", "log_std_init", "share_features_extractor"}
+    unknown = set(kwargs) - allowed
+    if unknown:
+        raise _not_a_policy(path, f"unsupported policy_kwargs {sorted(unknown)}")
+    return kwargs
+
+
+class PPOPolicy:
+    """A trained PPO network acting through the simulator's observation encoding and action map.
+
+    Every interval, :meth:`act` encodes the :class:`Observation` with an
+    :class:`~automdt.simulator.env.ObservationEncoder` (the same one the training env used), asks
+    the network for an action and maps it to thread counts with
+    :func:`~automdt.simulator.env.action_to_threads` relative to the threads that were active.
+
+    Thread counts are encoded against the thread bound the policy was *trained* with (metadata
+    ``max_threads``), so a count means to the network what it meant in training; the bound
+    given to :meth:`reset` (e.g. the receiver's ``--max-threads``) only clamps the output.
+
+    :param network: the SB3 actor-critic network (``model.policy``).
+    :param deterministic: take the mode of the action distribution (the default) instead of
+        sampling from it.
+    :param start_threads: thread counts :meth:`reset` returns (clamped to ``max_threads``).
+    :param metadata: the policy file's metadata, if it came from a file.
+    :param path: the policy file, if any.
+    """
+
+    name = "ppo"
+
+    def __init__(
+        self,
+        network: ActorCriticPolicy,
+        *,
+        deterministic: bool = True,
+        start_threads: Triple = (1, 1, 1),
+        metadata: Optional[Dict[str, Any]] = None,
+        path: Optional[Path] = None,
+    ) -> None:
+        self.network = network
+        self.deterministic = deterministic
+        self.start_threads = tuple(int(x) for x in start_threads)
+        self.metadata = dict(metadata or {})
+        self.path = path
+        self.train_max_threads = int(self.metadata.get("max_threads", 32))
+        self.max_threads = self.train_max_threads
+        self._encoder = ObservationEncoder(self.train_max_threads)
+        self._gen_state: Optional[th.Tensor] = None
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike], *, deterministic: bool = True) -> "PPOPolicy":
+        """Load a policy file written by :func:`automdt.agents.training.train`.
+
+        Nothing in the zip is unpickled (see the module docstring); the weights must fit the
+        network described by the metadata and the current simulator's spaces.
+
+        :raises ValueError: one line, ``"<path>: not an AutoMDT policy (<why>)"``, if the file is
+            missing, not a zip, lacks its metadata, does not match its recorded sha256, was
+            trained for other observation/action spaces, or holds weights of another shape; or
+            ``"<path>: refusing ..."`` if other users can write it.
+        """
+        p = Path(os.fspath(path))
+        if not p.is_file():
+            raise _not_a_policy(p, "no such file" if not p.exists() else "not a regular file")
+        _check_not_writable_by_others(p)
+        if not zipfile.is_zipfile(p):
+            raise _not_a_policy(p, "not a zip archive")
+        meta = policy_metadata(p)
+        digest = sha256_file(p)
+        if meta.get("sha256") and meta["sha256"] != digest:
+            raise _not_a_policy(p, f"sha256 {digest[:12]}... does not match its metadata {str(meta['sha256'])[:12]}...")
+
+        obs_space, act_space = _simulator_spaces()
+        for key, space in (("observation_space", obs_space), ("action_space", act_space)):
+            if meta.get(key) != _space_to_json(space):
+                raise _not_a_policy(
+                    p, f"trained for {key} {meta.get(key)}, this simulator has {_space_to_json(space)}"
+                )
+        kwargs = _policy_kwargs_from_json(p, meta.get("policy_kwargs"))
+
+        try:
+            with zipfile.ZipFile(p) as zf:
+                names = set(zf.namelist())
+                if "data" not in names or "policy.pth" not in names:
+                    raise _not_a_policy(p, "zip has no SB3 'data' and 'policy.pth' entries")
+                with zf.open("policy.pth") as f:
+                    state = th.load(f, map_location="cpu", weights_only=True)
+        except (zipfile.BadZipFile, RuntimeError, OSError, EOFError) as e:
+            raise _not_a_policy(p, f"unreadable weights: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+        network = ActorCriticPolicy(obs_space, act_space, lambda _: 0.0, **kwargs)
+        try:
+            network.load_state_dict(state, strict=True)
+        except (RuntimeError, TypeError, AttributeError) as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise _not_a_policy(p, f"weights do not fit the recorded network: {first}") from None
+        network.set_training_mode(False)
+        start = tuple(meta.get("start_threads", (1, 1, 1)))
+        return cls(network, deterministic=deterministic, start_threads=start, metadata=meta, path=p)  # type: ignore[arg-type]
+
+    # -- Policy protocol ------------------------------------------------------------------------
+
+    def reset(self, max_threads: int, seed: Optional[int] = None) -> Triple:
+        """Start a new transfer with thread counts in ``[1, max_threads]``.
+
+        :param seed: seeds the action sampling when ``deterministic`` is False (the sampling
+            uses a private torch generator state, never the global one).
+        """
+        if int(max_threads) < 1:
+            raise ValueError(f"max_threads must be >= 1, got {max_threads}")
+        self.max_threads = int(max_threads)
+        self._encoder.reset()
+        if seed is not None:
+            with th.random.fork_rng(devices=[]):
+                th.manual_seed(int(seed))
+                self._gen_state = th.random.get_rng_state()
+        else:
+            self._gen_state = None
+        return clamp_triple(self.start_threads, self.max_threads)
+
+    def act(self, obs: Observation) -> Triple:
+        """Return the thread counts for the next interval."""
+        x = self._encoder.encode(obs)
+        if self.deterministic:
+            action, _ = self.network.predict(x, deterministic=True)
+        else:
+            with th.random.fork_rng(devices=[]):
+                if self._gen_state is not None:
+                    th.random.set_rng_state(self._gen_state)
+                action, _ = self.network.predict(x, deterministic=False)
+                self._gen_state = th.random.get_rng_state()
+        threads = action_to_threads(action, tuple(obs.threads), self.max_threads)
+        return clamp_triple(threads, self.max_threads)
+
+    def __repr__(self) -> str:
+        where = f" {self.path}" if self.path else ""
+        return f"<PPOPolicy{where} deterministic={self.deterministic}>"
+
+
+def _simulator_spaces() -> "tuple[spaces.Space, spaces.Space]":
+    """Observation and action spaces of the current simulator (they do not depend on the profile)."""
+    return make_observation_space(), make_action_space()
+
+
+def load_policy(path_or_name: Union[str, os.PathLike], *, deterministic: bool = True) -> PPOPolicy:
+    """Load a PPO policy by file path, or ``"ppo"``/``"default"`` for the shipped default policy."""
+    if isinstance(path_or_name, str) and path_or_name.lower() in DEFAULT_POLICY_NAMES:
+        return PPOPolicy.load(default_policy_path(), deterministic=deterministic)
+    return PPOPolicy.load(path_or_name, deterministic=deterministic)

@@ -1,0 +1,493 @@
+"""Offline training of the AutoMDT PPO agent in the buffer simulator.
+
+:func:`train` runs stable-baselines3 PPO on many batched simulated transfers
+(:class:`~automdt.simulator.sb3.BatchedSimVecEnv`), evaluates the current network every
+``eval_every`` timesteps as a fraction of the oracle's utility, keeps the best network, stops
+early once ``target_fraction`` is reached, and writes:
+
+* ``out``: the SB3 zip (loadable with :meth:`automdt.agents.ppo.PPOPolicy.load`, pickle-free);
+* ``out + ".json"``: metadata (simulator env id and version, spaces, k, thread bound, seed,
+  timesteps, wall time, fraction of the oracle, hyperparameters, sha256 of the zip);
+* ``<stem>.curve.csv`` and ``<stem>.curve.png``: the learning curve (timesteps, wall seconds,
+  mean reward per step, fraction of the oracle).
+
+Two runs with the same arguments give the same network (the seeding is in one marked block in
+:func:`train`; ``max_seconds`` is the only wall-clock-dependent input). Training uses a fixed
+number of torch threads (``PPOConfig.torch_threads``) so that CPU results do not depend on the
+machine's core count.
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import logging
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from automdt.simulator.profile import Profile, StageProfile
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "PPOConfig",
+    "EvalPoint",
+    "TrainReport",
+    "train",
+    "evaluate",
+    "held_out_random_profiles",
+    "DEFAULT_TIMESTEPS",
+    "DEFAULT_TIMESTEPS_RANDOM",
+]
+
+DEFAULT_TIMESTEPS = 2_000_000
+"""Budget of :func:`train` for one profile when ``timesteps`` is None (early stopping usually
+ends training long before)."""
+DEFAULT_TIMESTEPS_RANDOM = 20_000_000
+"""Budget of :func:`train` with ``random_profiles`` when ``timesteps`` is None."""
+
+EVAL_PROFILE_SEED = 0x5EED_E7A1
+"""Root seed of :func:`held_out_random_profiles` (a stream no training env is seeded from)."""
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyperparameters (stable-baselines3 names), chosen for speed on a few CPU cores.
+
+    The network is tiny (the observation has 14 numbers, the action 3 x 5 choices), so a rollout
+    of many batched environments and a few large minibatch epochs is the cheap way to spend CPU.
+    """
+
+    num_envs: int = 128
+    """Simulated transfers stepped together (one numpy batch)."""
+    n_steps: int = 32
+    """Steps per environment per rollout (rollout = ``num_envs * n_steps`` timesteps)."""
+    batch_size: int = 1024
+    """Minibatch size of the PPO update."""
+    n_epochs: int = 5
+    """Passes over each rollout."""
+    learning_rate: float = 1e-3
+    """Adam step size (constant)."""
+    gamma: float = 0.95
+    """Discount per control interval (a ramp of ~6 intervals matters, a 30-step episode is long)."""
+    gae_lambda: float = 0.9
+    """GAE trace decay."""
+    clip_range: float = 0.2
+    """PPO ratio clip."""
+    ent_coef: float = 0.01
+    """Entropy bonus (keeps exploring the 5 per-stage choices early on)."""
+    vf_coef: float = 0.5
+    """Value-loss weight."""
+    max_grad_norm: float = 0.5
+    """Gradient clipping."""
+    net_arch: Tuple[int, ...] = (64, 64)
+    """Hidden layers of the (separate) policy and value networks."""
+    activation: str = "Tanh"
+    """Activation of the hidden layers (a ``torch.nn`` class name)."""
+    episode_steps: int = 30
+    """Control intervals per simulated episode."""
+    torch_threads: int = 1
+    """``torch.set_num_threads`` during training (fixed, so results are reproducible)."""
+
+    def policy_kwargs(self) -> Dict[str, Any]:
+        """The ``policy_kwargs`` recorded in the metadata (JSON form: activation by name)."""
+        arch = list(self.net_arch)
+        return {"net_arch": {"pi": arch, "vf": list(arch)}, "activation_fn": self.activation}
+
+    def replace(self, **changes: Any) -> "PPOConfig":
+        import dataclasses
+
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    """One evaluation during training (a row of the learning-curve CSV)."""
+
+    timesteps: int
+    wall_s: float
+    mean_reward: float
+    """Mean per-step training reward since the previous evaluation (NaN before any step)."""
+    fraction_of_oracle: float
+    """Mean over the evaluation profiles of the policy's utility / the oracle's."""
+    min_fraction_of_oracle: float
+    """The worst evaluation profile's fraction."""
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """What :func:`train` did and wrote."""
+
+    model_path: Path
+    metadata_path: Path
+    curve_csv: Path
+    curve_png: Path
+    timesteps: int
+    """Timesteps actually trained."""
+    wall_s: float
+    fraction_of_oracle: float
+    """The saved (best) network's mean fraction of the oracle on the evaluation profiles."""
+    per_profile_fraction: Dict[str, float]
+    reached_target: bool
+    stop_reason: str
+    """``"target"``, ``"timesteps"`` or ``"max_seconds"``."""
+    best_timesteps: int
+    """Timesteps at which the saved network was evaluated."""
+    wall_s_to_target: Optional[float]
+    """Wall seconds when the target was first reached (None if never)."""
+    curve: Tuple[EvalPoint, ...] = field(repr=False, default=())
+    metadata: Dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+def held_out_random_profiles(count: int, max_threads: int = 32, interval_s: float = 1.0) -> List[Tuple[str, Profile]]:
+    """``count`` random profiles from a seed stream no training environment uses.
+
+    Bottlenecks cycle read, net, write so every kind is represented. Each profile is drawn with
+    :meth:`Profile.random` from ``default_rng([EVAL_PROFILE_SEED, i])`` until its bottleneck is
+    the wanted one.
+    """
+    out: List[Tuple[str, Profile]] = []
+    stages = ("read", "net", "write")
+    for i in range(count):
+        want = stages[i % 3]
+        rng = np.random.default_rng([EVAL_PROFILE_SEED, i])
+        while True:
+            p = Profile.random(rng, max_threads=max_threads, interval_s=interval_s)
+            if p.bottleneck == want:
+                break
+        out.append((f"random{i}-{want}", p))
+    return out
+
+
+def evaluate(
+    policy: Any,
+    profiles: Sequence[Tuple[str, Profile]],
+    k: float = 1.02,
+    steps: int = 60,
+    seed: int = 0,
+) -> Dict[str, Any]:
+    """Run ``policy`` on each profile in the simulator; fractions of the oracle's utility.
+
+    :return: ``{"mean": float, "min": float, "per_profile": {name: fraction},
+        "settled": {name: triple}, "oracle": {name: triple}}``.
+    """
+    from automdt.simulator.oracle import evaluate_policy_in_sim
+
+    per: Dict[str, float] = {}
+    settled: Dict[str, Tuple[int, int, int]] = {}
+    oracle_threads: Dict[str, Tuple[int, int, int]] = {}
+    for j, (name, prof) in enumerate(profiles):
+        traj = evaluate_policy_in_sim(policy, prof, steps=steps, seed=seed + j, k=k)
+        per[name] = float(traj.fraction_of_oracle)
+        settled[name] = tuple(int(x) for x in traj.settled_threads)  # type: ignore[assignment]
+        oracle_threads[name] = tuple(int(x) for x in traj.oracle.threads)  # type: ignore[assignment]
+    vals = np.array(list(per.values()), dtype=np.float64)
+    return {
+        "mean": float(vals.mean()) if vals.size else float("nan"),
+        "min": float(vals.min()) if vals.size else float("nan"),
+        "per_profile": per,
+        "settled": settled,
+        "oracle": oracle_threads,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def _out_paths(out: Union[str, os.PathLike]) -> Tuple[Path, Path, Path, Path]:
+    p = Path(os.fspath(out))
+    if p.suffix != ".zip":
+        p = p.with_name(p.name + ".zip")
+    stem = p.with_suffix("")
+    return p, Path(str(p) + ".json"), stem.with_name(stem.name + ".curve.csv"), stem.with_name(stem.name + ".curve.png")
+
+
+def train(
+    profile: Optional[Profile],
+    out: Union[str, os.PathLike],
+    timesteps: Optional[int] = None,
+    seed: int = 0,
+    k: float = 1.02,
+    random_profiles: bool = False,
+    randomize: float = 0.1,
+    progress: bool = True,
+    target_fraction: Optional[float] = 0.95,
+    max_seconds: Optional[float] = None,
+    num_envs: Optional[int] = None,
+    config: Optional[PPOConfig] = None,
+    eval_every: Optional[int] = None,
+    eval_profiles: Optional[Sequence[Tuple[str, Profile]]] = None,
+    eval_steps: int = 60,
+    n_eval_profiles: int = 12,
+) -> TrainReport:
+    """Train a PPO policy in the simulator and write it with its metadata and learning curve.
+
+    :param profile: the path profile to train on; ``None``: :meth:`Profile.default`. With
+        ``random_profiles`` only its ``max_threads`` and ``interval_s`` are used.
+    :param out: the policy file (``.zip`` is appended if missing).
+    :param timesteps: training budget; ``None``: :data:`DEFAULT_TIMESTEPS` (one profile) or
+        :data:`DEFAULT_TIMESTEPS_RANDOM` (random profiles). Early stopping may end it sooner.
+    :param seed: seeds python, numpy, torch, the environments and PPO.
+    :param k: utility base per thread.
+    :param random_profiles: a fresh random profile per episode (a general policy).
+    :param randomize: relative jitter of TPT and B at each episode (robustness to fit errors).
+    :param progress: show a rich progress bar.
+    :param target_fraction: stop once the evaluation reaches this fraction of the oracle's
+        utility (mean over the evaluation profiles); ``None``: train the whole budget.
+    :param max_seconds: stop after this much wall time (makes the result timing-dependent).
+    :param num_envs: override of ``config.num_envs``.
+    :param config: PPO hyperparameters (:class:`PPOConfig`).
+    :param eval_every: timesteps between evaluations; default: 4 rollouts (one profile) or
+        12 rollouts (random profiles).
+    :param eval_profiles: ``(name, profile)`` pairs to evaluate on; default: the training profile,
+        or :func:`held_out_random_profiles` (``n_eval_profiles``) with ``random_profiles``.
+    :param eval_steps: control intervals per evaluation episode (from the policy's start triple).
+    :param n_eval_profiles: number of held-out random profiles for ``random_profiles``.
+    """
+    import torch as th
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.utils import set_random_seed
+
+    import automdt
+    from automdt.agents import ppo as ppo_mod
+    from automdt.simulator import env as sim_env
+    from automdt.simulator.sb3 import BatchedSimVecEnv
+
+    cfg = config or PPOConfig()
+    if num_envs is not None:
+        cfg = cfg.replace(num_envs=int(num_envs))
+    if profile is None:
+        profile = Profile.default()
+    if timesteps is None:
+        timesteps = DEFAULT_TIMESTEPS_RANDOM if random_profiles else DEFAULT_TIMESTEPS
+    if timesteps < 1:
+        raise ValueError(f"timesteps must be >= 1, got {timesteps}")
+    if target_fraction is not None and not 0.0 < target_fraction <= 1.5:
+        raise ValueError(f"target_fraction is a fraction of the oracle's utility (e.g. 0.95), got {target_fraction}")
+    rollout = cfg.num_envs * cfg.n_steps
+    if eval_every is None:
+        eval_every = rollout * (12 if random_profiles else 4)
+    if eval_profiles is None:
+        if random_profiles:
+            eval_profiles = held_out_random_profiles(n_eval_profiles, profile.max_threads, profile.interval_s)
+        else:
+            eval_profiles = [("train", profile)]
+    eval_profiles = list(eval_profiles)
+    model_path, meta_path, csv_path, png_path = _out_paths(out)
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+
+    old_threads = th.get_num_threads()
+    # ---- seeding: everything random in a training run is seeded here ------------------------
+    th.set_num_threads(cfg.torch_threads)
+    set_random_seed(seed)  # python `random`, numpy global, torch
+    venv = BatchedSimVecEnv(
+        num_envs=cfg.num_envs, profile=profile, k=k, episode_steps=cfg.episode_steps,
+        randomize=randomize, random_profiles=random_profiles, random_start=True, seed=seed,
+    )
+    venv.seed(seed)  # env i gets seed + i at the first reset (SB3 VecEnv semantics)
+    policy_kwargs_json = cfg.policy_kwargs()
+    model = PPO(
+        "MlpPolicy", venv,
+        n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
+        learning_rate=cfg.learning_rate, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
+        clip_range=cfg.clip_range, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
+        max_grad_norm=cfg.max_grad_norm,
+        policy_kwargs={"net_arch": policy_kwargs_json["net_arch"],
+                       "activation_fn": getattr(th.nn, cfg.activation)},
+        seed=seed, device="cpu", verbose=0,
+    )
+    # Evaluation episodes are seeded by `eval_seed` (fixed) and never touch the global RNGs.
+    eval_seed = 1_000_003
+    # ------------------------------------------------------------------------------------------
+
+    t0 = time.perf_counter()
+    eval_policy = ppo_mod.PPOPolicy(model.policy, deterministic=True,
+                                    metadata={"max_threads": profile.max_threads})
+    curve: List[EvalPoint] = []
+    state: Dict[str, Any] = {
+        "best": -math.inf, "best_state": None, "best_ts": 0, "best_eval": None,
+        "stop": "timesteps", "t_target": None,
+    }
+
+    prog = None
+    task = None
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        prog = Progress(
+            TextColumn("[bold]training PPO"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("steps"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
+        )
+        task = prog.add_task("train", total=int(timesteps), status="")
+        prog.start()
+
+    def do_eval(num_timesteps: int, rewards: List[float]) -> bool:
+        """Evaluate, record, keep the best; return True when training should stop."""
+        res = evaluate(eval_policy, eval_profiles, k=k, steps=eval_steps, seed=eval_seed)
+        wall = time.perf_counter() - t0
+        point = EvalPoint(num_timesteps, round(wall, 3), float(np.mean(rewards)) if rewards else float("nan"),
+                          res["mean"], res["min"])
+        curve.append(point)
+        if res["mean"] > state["best"]:
+            state.update(best=res["mean"], best_state=copy.deepcopy(model.policy.state_dict()),
+                         best_ts=num_timesteps, best_eval=res)
+        log.info("eval at %d steps: %.3f of the oracle (min %.3f)", num_timesteps, res["mean"], res["min"])
+        if prog is not None:
+            prog.update(task, completed=min(num_timesteps, timesteps),
+                        status=f"oracle fraction {res['mean']:.3f} (best {state['best']:.3f})")
+        if target_fraction is not None and res["mean"] >= target_fraction:
+            state["stop"], state["t_target"] = "target", wall
+            return True
+        return False
+
+    class _Callback(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_eval = eval_every
+            self.rewards: List[float] = []
+
+        def _on_training_start(self) -> None:
+            self.stop_now = do_eval(0, [])
+
+        def _on_step(self) -> bool:
+            if self.stop_now:
+                return False
+            self.rewards.append(float(np.mean(self.locals["rewards"])))
+            if self.num_timesteps >= self.next_eval:
+                self.next_eval += eval_every
+                if do_eval(self.num_timesteps, self.rewards):
+                    return False
+                self.rewards = []
+            if max_seconds is not None and time.perf_counter() - t0 >= max_seconds:
+                state["stop"] = "max_seconds"
+                return False
+            return True
+
+        def _on_rollout_end(self) -> None:
+            if prog is not None:
+                prog.update(task, completed=min(self.num_timesteps, timesteps))
+
+    cb = _Callback()
+    try:
+        model.learn(total_timesteps=int(timesteps), callback=cb, progress_bar=False)
+        if state["stop"] == "timesteps" and (not curve or curve[-1].timesteps != model.num_timesteps):
+            do_eval(model.num_timesteps, cb.rewards)
+    finally:
+        if prog is not None:
+            prog.stop()
+        th.set_num_threads(old_threads)
+    wall_s = time.perf_counter() - t0
+    trained = int(model.num_timesteps)
+
+    model.policy.load_state_dict(state["best_state"])
+    model.save(model_path)
+    os.chmod(model_path, 0o644)
+    best_eval = state["best_eval"]
+    reached = target_fraction is not None and state["best"] >= target_fraction
+
+    obs_space, act_space = sim_env.make_observation_space(), sim_env.make_action_space()
+    meta: Dict[str, Any] = {
+        "format": ppo_mod.POLICY_FORMAT,
+        "algorithm": "PPO",
+        "env_id": sim_env.ENV_ID,
+        "simulator_version": getattr(automdt, "__version__", "unknown"),
+        "observation_space": ppo_mod._space_to_json(obs_space),
+        "action_space": ppo_mod._space_to_json(act_space),
+        "observation_names": list(sim_env.OBS_NAMES),
+        "action_names": list(sim_env.ACTION_NAMES),
+        "policy_kwargs": policy_kwargs_json,
+        "start_threads": [1, 1, 1],
+        "k": float(k),
+        "max_threads": int(profile.max_threads),
+        "interval_s": float(profile.interval_s),
+        "random_profiles": bool(random_profiles),
+        "randomize": float(randomize),
+        "profile": None if random_profiles else profile.to_dict(include_samples=False),
+        "seed": int(seed),
+        "timesteps": trained,
+        "timesteps_budget": int(timesteps),
+        "best_timesteps": int(state["best_ts"]),
+        "wall_s": round(wall_s, 3),
+        "wall_s_to_target": None if state["t_target"] is None else round(state["t_target"], 3),
+        "stop_reason": state["stop"],
+        "target_fraction": target_fraction,
+        "fraction_of_oracle": float(state["best"]),
+        "min_fraction_of_oracle": float(best_eval["min"]),
+        "per_profile_fraction": best_eval["per_profile"],
+        "eval_profiles": {name: p.to_dict(include_samples=False) for name, p in eval_profiles},
+        "eval_steps": int(eval_steps),
+        "hyperparameters": {**asdict(cfg), "net_arch": list(cfg.net_arch)},
+        "versions": _versions(),
+        "sha256": ppo_mod.sha256_file(model_path),
+    }
+    tmp = Path(str(meta_path) + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, meta_path)
+    _write_curve(curve, csv_path, png_path, target_fraction,
+                 title=("random profiles" if random_profiles else "one profile") + f", seed {seed}")
+    venv.close()
+    return TrainReport(
+        model_path=model_path, metadata_path=meta_path, curve_csv=csv_path, curve_png=png_path,
+        timesteps=trained, wall_s=wall_s, fraction_of_oracle=float(state["best"]),
+        per_profile_fraction=dict(best_eval["per_profile"]), reached_target=bool(reached),
+        stop_reason=state["stop"], best_timesteps=int(state["best_ts"]),
+        wall_s_to_target=state["t_target"], curve=tuple(curve), metadata=meta,
+    )
+
+
+def _versions() -> Dict[str, str]:
+    import gymnasium
+    import stable_baselines3
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": torch.__version__,
+        "stable_baselines3": stable_baselines3.__version__,
+        "gymnasium": gymnasium.__version__,
+    }
+
+
+def _write_curve(curve: Sequence[EvalPoint], csv_path: Path, png_path: Path, target: Optional[float],
+                 title: str) -> None:
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["timesteps", "wall_s", "mean_reward", "fraction_of_oracle", "min_fraction_of_oracle"])
+        for p in curve:
+            w.writerow([p.timesteps, f"{p.wall_s:.3f}", f"{p.mean_reward:.6f}",
+                        f"{p.fraction_of_oracle:.6f}", f"{p.min_fraction_of_oracle:.6f}"])
+
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.6), dpi=100)
+    ax = fig.add_subplot(1, 1, 1)
+    ts = [p.timesteps for p in curve]
+    ax.plot(ts, [p.fraction_of_oracle for p in curve], marker=".", label="mean fraction of oracle")
+    if any(p.min_fraction_of_oracle != p.fraction_of_oracle for p in curve):
+        ax.plot(ts, [p.min_fraction_of_oracle for p in curve], linestyle="--", label="worst profile")
+    if target is not None:
+        ax.axhline(target, color="grey", linewidth=0.8, linestyle=":", label=f"target {target:g}")
+    ax.set_xlabel("timesteps")
+    ax.set_ylabel("utility / oracle utility")
+    ax.set_ylim(0.0, 1.05)
+    ax.set_title(f"PPO learning curve ({title})")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(png_path)
