@@ -220,7 +220,8 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
     ## Arguments
 
     :param profile: the path profile; ``None``: :meth:`Profile.default`. With ``random_profiles``
-        only its ``max_threads``, ``interval_s`` (and default-None noise rule) are used.
+        only its ``max_threads`` and ``interval_s`` are used (and, if ``noise`` is None, each
+        random profile's own noise level applies).
     :param k: utility base per thread (1.02 as in Falcon/Marlin/AutoMDT).
     :param episode_steps: steps per episode.
     :param randomize: relative spread of TPT and B redrawn each reset (uniform in ``[1-s, 1+s]``).
@@ -303,6 +304,13 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
         return Profile(read=st[0], net=st[1], write=st[2], sender_buffer=int(round(c.smax[0])),
                        receiver_buffer=int(round(c.rmax[0])), interval_s=c.interval_s,
                        max_threads=c.max_threads, noise=float(c.noise[0]), capacity_model=c.model)
+
+    def episode_oracle(self) -> Any:
+        """:func:`automdt.simulator.oracle.oracle` of :attr:`episode_profile` (same normalisation
+        as the reward)."""
+        from automdt.simulator.oracle import oracle
+
+        return oracle(self.episode_profile, self.k)
 
     @property
     def reward_scale_bps(self) -> float:

@@ -174,5 +174,17 @@ class BatchedBufferSim(VectorEnv):
         """(N,3) thread counts of the last interval (of the new episode after an autoreset)."""
         return self._core.threads.copy()
 
+    def episode_oracle(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Oracle of every environment's current episode (after ``random_profiles``/``randomize``).
+
+        :return: ``(threads (N,3), utility (N,), throughput_bps (N,))`` from
+            :func:`automdt.simulator.oracle.oracle_batch`; ``utility`` is in the reward's
+            normalisation, so ``mean reward / utility`` is the fraction of the oracle.
+        """
+        from automdt.simulator.oracle import oracle_batch
+
+        c = self._core
+        return oracle_batch(c.tpt, c.bw, c.max_threads, self.k, c.model)
+
     def close_extras(self, **kwargs: Any) -> None:
         self._rngs = None

@@ -178,3 +178,29 @@ def test_concave_capacity_model():
     env = BufferSimEnv(p, noise=0.0, random_start=False)
     _, info = env.reset(seed=0, options={"threads": (10, 2, 2)})
     assert info["sim/read/throughput_bps"] == pytest.approx(50 * MB)
+
+
+def test_oracle_batch_equals_exhaustive_oracle():
+    from automdt.simulator.oracle import oracle_batch
+
+    rng = np.random.default_rng(7)
+    ps = [Profile.random(rng) for _ in range(100)] + [READ_BOUND, NET_BOUND, WRITE_BOUND]
+    n, u, t = oracle_batch(np.array([p.tpt_array() for p in ps]), np.array([p.bandwidth_array() for p in ps]), 32)
+    for i, p in enumerate(ps):
+        r = oracle(p)
+        assert tuple(n[i]) == r.threads and u[i] == pytest.approx(r.utility, rel=1e-12)
+        assert t[i] == pytest.approx(r.throughput_bps, rel=1e-12)
+
+
+def test_episode_oracles_of_single_and_batched_envs_agree():
+    from automdt.simulator.vector import BatchedBufferSim
+
+    batch = BatchedBufferSim(4, random_profiles=True, randomize=0.2, seed=3)
+    batch.reset()
+    n, u, _ = batch.episode_oracle()
+    for i in range(4):
+        env = BufferSimEnv(random_profiles=True, randomize=0.2)
+        env.reset(seed=3 + i)
+        r = env.episode_oracle()
+        assert tuple(n[i]) == r.threads and u[i] == pytest.approx(r.utility, rel=1e-9)
+        assert env.reward_scale_bps == pytest.approx(env.episode_profile.achievable_bps, rel=1e-12)
