@@ -12,7 +12,7 @@ WAIT_MS: int
 EVENTS_MAX: int
 DEBUG: int
 
-# (payload_bytes, busy_ns, wait_ns, idle_ns, threads_target, threads_live)
+# (bytes, busy_ns, wait_ns, idle_ns, threads_target, threads_live)
 _StageTuple = tuple[int, int, int, int, int, int]
 # (fill_bytes, capacity_bytes, slots_used, slots_total, slots_allocated, slots_ready)
 _BufferTuple = tuple[int, int, int, int, int, int]

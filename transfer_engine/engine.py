@@ -50,7 +50,7 @@ PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 class StageStats(NamedTuple):
     """Cumulative counters of one stage (thread pool) since the engine started."""
 
-    payload_bytes: int
+    bytes: int
     """Payload bytes the stage moved (read, sent, received or written)."""
     busy_s: float
     """Thread-seconds spent working, throttle sleeps included."""

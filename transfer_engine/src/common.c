@@ -51,13 +51,12 @@ int amdt_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, unsigned ms)
     return pthread_cond_timedwait(cv, mu, &ts);
 }
 
-void amdt_sleep_until(uint64_t deadline_ns, const volatile int *stop,
-                      const volatile unsigned *gen, unsigned gen0)
+void amdt_sleep_until(uint64_t deadline_ns, const int *stop, const unsigned *gen, unsigned gen0)
 {
     for (;;) {
-        if (stop != NULL && *stop)
+        if (stop != NULL && amdt_stopping(stop))
             return;
-        if (gen != NULL && *gen != gen0)
+        if (gen != NULL && __atomic_load_n(gen, __ATOMIC_RELAXED) != gen0)
             return;
         uint64_t now = amdt_now_ns();
         if (now >= deadline_ns)

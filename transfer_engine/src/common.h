@@ -49,6 +49,17 @@ void amdt_debug_impl(const char *file, int line, const char *fmt, ...)
 
 uint64_t amdt_now_ns(void); /* CLOCK_MONOTONIC */
 
+/* The stop flag of an engine: set once by close(), read by every thread without a lock. */
+static inline int amdt_stopping(const int *flag)
+{
+    return __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+}
+
+static inline void amdt_set_stop(int *flag)
+{
+    __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
+}
+
 /* Condition variables use CLOCK_MONOTONIC so a wall-clock jump cannot stretch a wait. */
 int amdt_cond_init(pthread_cond_t *cv);
 /* Wait at most `ms` milliseconds; returns 0 or ETIMEDOUT. The caller re-checks its predicate. */
@@ -56,8 +67,7 @@ int amdt_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, unsigned ms);
 
 /* Sleep until the monotonic time `deadline_ns`, in slices of at most AMDT_WAIT_MS, returning
  * early when *stop becomes non-zero or *gen differs from `gen0` (gen may be NULL). */
-void amdt_sleep_until(uint64_t deadline_ns, const volatile int *stop,
-                      const volatile unsigned *gen, unsigned gen0);
+void amdt_sleep_until(uint64_t deadline_ns, const int *stop, const unsigned *gen, unsigned gen0);
 
 /* ---- byte order -------------------------------------------------------------------- */
 

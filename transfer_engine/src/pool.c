@@ -1,7 +1,7 @@
 /* Staging buffer of chunk slots (see pool.h). */
 #include "pool.h"
 
-int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, const volatile int *stop)
+int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, const int *stop)
 {
     memset(p, 0, sizeof(*p));
     p->chunk_size = chunk_size;
@@ -71,7 +71,7 @@ amdt_slot *amdt_pool_get(amdt_pool *p, uint32_t length, unsigned wait_ms)
 
     pthread_mutex_lock(&p->mu);
     for (;;) {
-        if (*p->stop)
+        if (amdt_stopping(p->stop))
             break;
         if (p->free_list != NULL) {
             s = p->free_list;
@@ -141,7 +141,7 @@ amdt_slot *amdt_pool_pop(amdt_pool *p, unsigned wait_ms)
 
     pthread_mutex_lock(&p->mu);
     for (;;) {
-        if (*p->stop)
+        if (amdt_stopping(p->stop))
             break;
         if (p->ready_head != NULL) {
             s = p->ready_head;

@@ -41,7 +41,7 @@ typedef struct amdt_pool {
     amdt_slot *free_list;
     amdt_slot *ready_head, *ready_tail;
     amdt_slot *all;
-    const volatile int *stop;
+    const int *stop;
 } amdt_pool;
 
 typedef struct amdt_pool_stats {
@@ -53,7 +53,7 @@ typedef struct amdt_pool_stats {
     uint64_t ready; /* filled slots waiting for a consumer */
 } amdt_pool_stats;
 
-int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, const volatile int *stop);
+int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, const int *stop);
 /* Free every slot's memory (at close). No thread may use the pool any more; the
  * counters stay readable. */
 void amdt_pool_release(amdt_pool *p);

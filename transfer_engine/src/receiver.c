@@ -160,7 +160,7 @@ amdt_receiver *amdt_receiver_new(const amdt_receiver_cfg *cfg, char *err, size_t
 error_sys:
     snprintf(err, errlen, "receiver set-up failed: %s",
              amdt_strerror(errno ? errno : ENOMEM, ebuf, sizeof(ebuf)));
-    r->stop = 1;
+    amdt_set_stop(&r->stop);
     if (have_write) {
         amdt_stage_join_all(&r->write);
         amdt_stage_destroy(&r->write);
@@ -334,7 +334,7 @@ static void *amdt_accept_main(void *arg)
     amdt_receiver *r = arg;
     char ebuf[128];
 
-    while (!r->stop) {
+    while (!amdt_stopping(&r->stop)) {
         struct pollfd pfd = {.fd = r->lsock, .events = POLLIN};
         int pr = poll(&pfd, 1, AMDT_WAIT_MS);
         if (pr <= 0)
@@ -383,7 +383,7 @@ static int amdt_recv_full(amdt_receiver *r, int fd, uint8_t *buf, size_t len,
     int rc = 0;
     *err = 0;
     while (got < len) {
-        if (r->stop) {
+        if (amdt_stopping(&r->stop)) {
             *err = ECANCELED;
             rc = -1;
             break;
@@ -524,7 +524,7 @@ static void amdt_conn_body(amdt_worker *w)
         /* Waiting for room in the receiver staging buffer is the recv stage's wait time. */
         amdt_worker_set_state(w, AMDT_STATE_WAIT);
         amdt_slot *slot = NULL;
-        while (slot == NULL && !r->stop)
+        while (slot == NULL && !amdt_stopping(&r->stop))
             slot = amdt_pool_get(&r->pool, h.length, AMDT_WAIT_MS);
         if (slot == NULL)
             break;
@@ -703,7 +703,7 @@ void amdt_receiver_close(amdt_receiver *r)
     if (r->closed)
         return;
     r->closed = 1;
-    r->stop = 1;
+    amdt_set_stop(&r->stop);
     /* The accept thread first, so no receiving thread starts after the join below. */
     if (r->accept_started) {
         pthread_join(r->accept_tid, NULL);

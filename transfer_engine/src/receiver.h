@@ -47,7 +47,7 @@ typedef struct amdt_receiver_cfg {
 } amdt_receiver_cfg;
 
 typedef struct amdt_receiver {
-    volatile int stop;
+    int stop; /* atomic: amdt_stopping() / amdt_set_stop() */
     int closed;
     uint8_t token[32];
     uint64_t chunk_size;

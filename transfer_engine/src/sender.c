@@ -117,7 +117,7 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
 error_sys:
     snprintf(err, errlen, "sender set-up failed: %s", strerror(errno ? errno : ENOMEM));
     if (have_read || have_net) {
-        s->stop = 1;
+        amdt_set_stop(&s->stop);
         amdt_stage_join_all(&s->read);
         amdt_stage_join_all(&s->net);
     }
@@ -563,7 +563,7 @@ static void amdt_backoff(amdt_worker *w, int fails)
 static int amdt_send_all(amdt_sender *s, int fd, const uint8_t *buf, size_t len)
 {
     while (len > 0) {
-        if (s->stop)
+        if (amdt_stopping(&s->stop))
             return ECANCELED;
         ssize_t n = send(fd, buf, len, MSG_NOSIGNAL);
         if (n < 0) {
@@ -644,7 +644,7 @@ static int amdt_send_frame(amdt_sender *s, int fd, const uint8_t *hdr, amdt_slot
 {
     size_t hdr_left = AMDT_FRAME_HDR_LEN, pay_done = 0;
     while (hdr_left > 0 || pay_done < slot->length) {
-        if (s->stop)
+        if (amdt_stopping(&s->stop))
             return ECANCELED;
         struct iovec iov[2];
         int n_iov = 0;
@@ -817,7 +817,7 @@ void amdt_sender_close(amdt_sender *s)
     if (s->closed)
         return;
     s->closed = 1;
-    s->stop = 1;
+    amdt_set_stop(&s->stop);
     pthread_mutex_lock(&s->mu);
     pthread_cond_broadcast(&s->cv_work);
     pthread_mutex_unlock(&s->mu);

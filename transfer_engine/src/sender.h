@@ -60,7 +60,7 @@ typedef struct amdt_sender_cfg {
 } amdt_sender_cfg;
 
 typedef struct amdt_sender {
-    volatile int stop;
+    int stop; /* atomic: amdt_stopping() / amdt_set_stop() */
     int closed;
     char host[256];
     int port;

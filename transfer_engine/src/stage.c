@@ -7,7 +7,7 @@
 #define AMDT_THREAD_STACK (512 * 1024)
 
 int amdt_stage_init(amdt_stage *st, const char *name, int max_threads, amdt_worker_fn body,
-                    void *owner, const volatile int *stop)
+                    void *owner, const int *stop)
 {
     memset(st, 0, sizeof(*st));
     st->name = name;
@@ -145,7 +145,7 @@ int amdt_stage_set_target(amdt_stage *st, int n, int *old)
     for (int i = 0; i < st->max_threads; i++) {
         amdt_worker *w = &st->workers[i];
         amdt_worker_reap_locked(w);
-        if (i < n && !w->has_thread && !*st->stop) {
+        if (i < n && !w->has_thread && !amdt_stopping(st->stop)) {
             rc = amdt_worker_start_locked(w);
             if (rc != 0) {
                 st->target = i;
@@ -183,7 +183,7 @@ int amdt_stage_spawn(amdt_stage *st, void *ctx)
 int amdt_stage_should_exit(amdt_worker *w)
 {
     amdt_stage *st = w->stage;
-    if (*st->stop)
+    if (amdt_stopping(st->stop))
         return 1;
     pthread_mutex_lock(&st->mu);
     int r = w->index >= st->target;
@@ -197,7 +197,7 @@ void amdt_worker_set_sock(amdt_worker *w, int fd)
     w->sock = fd;
     pthread_mutex_unlock(&w->stage->mu);
     /* Close the race with amdt_stage_shutdown_socks() running just before the store. */
-    if (*w->stage->stop)
+    if (amdt_stopping(w->stage->stop))
         shutdown(fd, SHUT_RDWR);
 }
 
@@ -273,7 +273,7 @@ void amdt_stage_set_throttle(amdt_stage *st, uint64_t thread_bps, uint64_t total
     st->total_next_ns = 0;
     for (int i = 0; i < st->max_threads; i++)
         st->workers[i].thr_next_ns = 0;
-    st->thr_gen++;
+    __atomic_fetch_add(&st->thr_gen, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&st->thr_mu);
 }
 

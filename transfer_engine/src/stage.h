@@ -50,13 +50,13 @@ struct amdt_stage {
     amdt_worker *workers;
     amdt_worker_fn body;
     void *owner;
-    const volatile int *stop;
+    const int *stop;
     uint64_t bytes; /* payload bytes moved, atomic */
 
     pthread_mutex_t thr_mu;
     uint64_t thread_bps, total_bps; /* bytes per second, 0 = unlimited */
     uint64_t total_next_ns;
-    volatile unsigned thr_gen; /* bumped by set_throttle: sleepers re-plan */
+    unsigned thr_gen; /* bumped by set_throttle (atomic): sleepers re-plan */
 };
 
 typedef struct amdt_stage_stats {
@@ -66,7 +66,7 @@ typedef struct amdt_stage_stats {
 } amdt_stage_stats;
 
 int amdt_stage_init(amdt_stage *st, const char *name, int max_threads, amdt_worker_fn body,
-                    void *owner, const volatile int *stop);
+                    void *owner, const int *stop);
 /* All threads must have been joined (amdt_stage_join_all). */
 void amdt_stage_destroy(amdt_stage *st);
 

@@ -1,0 +1,1 @@
+"""Tests of the C transfer engine (automdt.transfer_engine)."""

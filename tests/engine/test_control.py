@@ -1,0 +1,160 @@
+"""Runtime control: thread churn, throttles measured through stats(), leak loop."""
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+
+from .conftest import te, wait_for
+
+CHUNK = 64 * 1024
+MB = 1_000_000
+
+
+def test_set_threads_churn_is_lossless(rig):
+    r = rig(chunk=CHUNK, memory=2 << 20, threads=(2, 2, 2),
+            sender_kw={"net_throttle": (0, 24 * MB)})
+    ids = list(range(1, 7))
+    for fid in ids:
+        r.add(fid, 4 * (1 << 20) + fid * 1000)
+    rng = random.Random(1)
+    t_end = time.monotonic() + 1.5
+    churns = 0
+    while time.monotonic() < t_end:
+        nr, nn, nw = rng.choice([0, 1, 2, 3, 4]), rng.choice([0, 1, 2, 4]), rng.choice([0, 1, 3])
+        old = r.tx.set_threads(nr, nn)
+        assert len(old) == 2
+        r.rx.set_threads(nw)
+        churns += 1
+        time.sleep(rng.uniform(0, 0.02))
+    # Pause everything, then resume.
+    r.tx.set_threads(0, 0)
+    r.rx.set_threads(0)
+    wait_for(lambda: r.tx.stats().read.threads_live == 0 and r.tx.stats().net.threads_live == 0,
+             what="paused stages drained")
+    assert r.tx.stats().net.threads_target == 0
+    r.tx.set_throttle("net", 0, 0)
+    assert r.tx.set_threads(3, 3) == (0, 0)
+    assert r.rx.set_threads(2) == 0
+    r.wait_done(ids)
+    for fid in ids:
+        r.assert_identical(fid)
+    nchunks = sum(-(-len(r.files[f][2]) // CHUNK) for f in ids)
+    wait_for(lambda: r.tx.stats().chunks_pending == 0, what="sender drained")
+    ts, rs = r.tx.stats(), r.rx.stats()
+    assert rs.chunks_written == nchunks
+    assert rs.chunks_duplicate == 0, "a chunk arrived twice"
+    assert ts.chunks_sent == nchunks, "a chunk was sent twice or lost"
+    assert rs.protocol_errors == 0 and rs.chunks_bad == 0
+    assert r.tx_kind("conn_error") == [] and r.rx_kind("conn_error") == []
+    assert churns > 50 and rs.connections_total > 3
+    wait_for(lambda: r.tx.stats().net.threads_live == 3 and r.rx.stats().connections == 3,
+             what="3 live connections")
+    assert r.rx.stats().write.threads_live == 2
+
+
+def _rate(get, warm: float, window: float) -> tuple[float, float]:
+    """(bytes/s, busy fraction per live thread) of a stage over a window."""
+    time.sleep(warm)
+    t0, a = get()
+    time.sleep(window)
+    t1, b = get()
+    dt = t1 - t0
+    return (b.bytes - a.bytes) / dt, (b.busy_s - a.busy_s) / (dt * max(b.threads_live, 1))
+
+
+def _sparse(r, name: str, size: int) -> tuple[str, int]:
+    path = os.path.join(r.tmp, name)
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+    return path, os.stat(path).st_mtime_ns
+
+
+@pytest.mark.parametrize("stage", ["read", "net", "write"])
+def test_throttle_rates(rig, stage):
+    """n threads at R bytes/s each with a stage total T measure close to min(n*R, T)."""
+    chunk = 128 * 1024
+    r = rig(chunk=chunk, memory=4 << 20, threads=(1, 1, 1))
+    size = 1 << 30  # sparse: reading holes costs nothing, /dev/null takes the writes
+    src, mtime = _sparse(r, "sparse", size)
+    _, fd = r.open_dst("/dev/null", os.O_WRONLY)
+    r.rx.add_file(1, fd, -1, size)
+    r.tx.add_file(1, src, size, mtime)
+    configs = [(2, 8 * MB, 0), (3, 8 * MB, 12 * MB), (1, 6 * MB, 0)]
+    for n, per_thread, total in configs:
+        if stage == "read":
+            r.tx.set_threads(n, 2)
+            r.tx.set_throttle("read", per_thread, total)
+            get = lambda: (lambda s: (s.time_s, s.read))(r.tx.stats())  # noqa: E731
+        elif stage == "net":
+            r.tx.set_threads(2, n)
+            r.tx.set_throttle("net", per_thread, total)
+            get = lambda: (lambda s: (s.time_s, s.net))(r.tx.stats())  # noqa: E731
+        else:
+            r.tx.set_threads(2, 2)
+            r.rx.set_threads(n)
+            r.rx.set_throttle("write", per_thread, total)
+            get = lambda: (lambda s: (s.time_s, s.write))(r.rx.stats())  # noqa: E731
+        want = min(n * per_thread, total or n * per_thread)
+        rate, busy = _rate(get, warm=0.35, window=1.0)
+        assert abs(rate - want) / want < 0.10, f"{stage} n={n} R={per_thread} T={total}: {rate / MB:.2f} MB/s, want {want / MB:.2f}"
+        # The throttled stage is the bottleneck: its threads are (almost) always busy.
+        assert busy > 0.85, f"{stage} busy fraction {busy:.2f}"
+        if stage == "read":
+            r.tx.set_throttle("read", 0, 0)
+        elif stage == "net":
+            r.tx.set_throttle("net", 0, 0)
+        else:
+            r.rx.set_throttle("write", 0, 0)
+    assert r.rx_kind("write_error") == [] and r.tx_kind("file_error") == []
+
+
+def test_wait_accounting_when_downstream_is_slow(rig):
+    """A slow network makes readers wait on a full sender buffer (wait, not busy)."""
+    chunk = 128 * 1024
+    r = rig(chunk=chunk, memory=1 << 20, threads=(2, 1, 1), sender_kw={"net_throttle": (4 * MB, 0)})
+    src, mtime = _sparse(r, "sparse", 64 << 20)
+    _, fd = r.open_dst("/dev/null", os.O_WRONLY)
+    r.rx.add_file(1, fd, -1, 64 << 20)
+    r.tx.add_file(1, src, 64 << 20, mtime)
+    time.sleep(0.4)
+    a = r.tx.stats()
+    time.sleep(0.6)
+    b = r.tx.stats()
+    dt = b.time_s - a.time_s
+    assert (b.read.wait_s - a.read.wait_s) / (2 * dt) > 0.8
+    assert (b.net.busy_s - a.net.busy_s) / dt > 0.9
+    assert b.buffer.fill_bytes >= (1 << 20) - 2 * chunk  # full, but for chunks being sent
+    # The receiving side idles on a slow sender, its writers wait on an empty buffer.
+    rs = r.rx.stats()
+    assert rs.write.wait_s > rs.write.busy_s
+
+
+def test_stats_set_threads_leak_loop(engines):
+    psutil = pytest.importorskip("psutil")
+    tok = os.urandom(32)
+    rx = te.Receiver("127.0.0.1", 0, tok, CHUNK, 1 << 20, max_threads=8)
+    engines(rx)
+    tx = te.Sender("127.0.0.1", rx.port, tok, CHUNK, 1 << 20, max_threads=8, threads=(0, 1))
+    engines(tx)
+    proc = psutil.Process()
+
+    def loop(n: int) -> None:
+        for i in range(n):
+            tx.stats()
+            rx.stats()
+            tx.set_threads(i % 4, 1)
+            rx.set_threads((i + 1) % 3)
+            if i % 64 == 0:
+                tx.events()
+                rx.events()
+                tx.set_throttle("read", i, 0)
+
+    loop(2000)
+    rss0 = proc.memory_info().rss
+    loop(20000)
+    rss1 = proc.memory_info().rss
+    assert rss1 - rss0 < 4 << 20, f"RSS grew by {(rss1 - rss0) >> 10} KiB over 20k calls"
+    assert proc.num_threads() < 40
