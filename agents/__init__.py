@@ -1,4 +1,15 @@
-"""Policies: one protocol (:class:`Policy`), PPO and the baselines from the papers."""
-from automdt.agents.base import Policy, clamp_triple
+"""Policies: one protocol (:class:`Policy`), PPO and the baselines from the papers.
 
-__all__ = ["Policy", "clamp_triple"]
+Importing this package never imports torch; ``automdt.agents.ppo`` does, and is loaded lazily
+by :func:`make_policy` for ``ppo`` specs.
+"""
+from automdt.agents.base import Policy, clamp_triple
+from automdt.agents.falcon import FalconPolicy
+from automdt.agents.heuristic import HeuristicPolicy
+from automdt.agents.marlin import MarlinPolicy
+from automdt.agents.model_based import ModelBasedPolicy
+from automdt.agents.registry import available_policies, make_policy, register_policy
+from automdt.agents.static import StaticPolicy, globus_policy
+
+__all__ = ["Policy", "clamp_triple", "make_policy", "available_policies", "register_policy", "StaticPolicy",
+           "globus_policy", "MarlinPolicy", "FalconPolicy", "HeuristicPolicy", "ModelBasedPolicy"]

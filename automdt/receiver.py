@@ -164,7 +164,7 @@ class Session:
             raise SessionError(str(e), errors.FILES_FAILED)
         wt = msg.get("write_throttle") or [0, 0]
         self.engine = Receiver(srv.host, 0, self.token, chunk, memory, max_threads=srv.max_threads,
-                               write_throttle=(float(wt[0]), float(wt[1])), rcvbuf=int(msg.get("rcvbuf", 0)))
+                               write_throttle=(int(wt[0]), int(wt[1])), rcvbuf=int(msg.get("rcvbuf", 0)))
         self.engine.set_threads(srv.clamp_threads(int(msg.get("write_threads", 1))))
         self.state = "open"
         return {"type": "opened", "data_port": self.engine.port, "chunk_size": chunk, "memory": memory,
@@ -218,7 +218,8 @@ class Session:
         free = st.f_bavail * st.f_frsize
         if self.bytes_needed > free * 1.0 + 0:
             need = self.bytes_needed
-            raise SessionError(f"destination {self.server.root} has {free} bytes free, the transfer needs up to {need}", errors.FATAL)
+            raise SessionError(f"not enough space: destination {self.server.root} has {free} bytes free, "
+                               f"the transfer needs up to {need}", errors.FATAL)
 
     def _plan_file(self, f: _File, digest: Optional[str]) -> str:
         dfd = self.root.dir_fd(f.parts[:-1])

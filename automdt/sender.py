@@ -158,7 +158,7 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
                                 max_memory=max(opts.memory, 1 << 20)).start()
         host, port, subdir = "127.0.0.1", server.port, ""
     else:
-        (host, port), subdir = remote
+        (host, port), subdir = remote, where
     try:
         return _Transfer(manifest, host, port, subdir, secret, opts, t_start).run()
     finally:
@@ -307,7 +307,7 @@ class _Transfer:
         th = self.o.throttle
         self.engine = Sender(self.host, self.data_port, self.token, self.chunk_size, self.o.memory,
                              max_threads=max(self.o.max_threads, 1),
-                             read_throttle=tuple(th.get("read", (0, 0))), net_throttle=tuple(th.get("net", (0, 0))),
+                             read_throttle=_ints(th.get("read", (0, 0))), net_throttle=_ints(th.get("net", (0, 0))),
                              sndbuf=self.o.sndbuf, fault_corrupt=self.o.fault_corrupt)
 
         def apply(t):
@@ -436,6 +436,10 @@ class _Transfer:
             for off, ln in ranges:
                 for o in range(off, off + ln, cs):
                     self.engine.requeue(fid, o, min(cs, off + ln - o))
+
+
+def _ints(pair) -> Tuple[int, int]:
+    return int(pair[0]), int(pair[1])
 
 
 def _install_signal_handlers():

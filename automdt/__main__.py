@@ -1,0 +1,5 @@
+import sys
+
+from automdt.cli import main
+
+sys.exit(main())
