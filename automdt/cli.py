@@ -84,6 +84,43 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--size", default="1Gi", help="approximate dataset size (default 1Gi)")
     d.add_argument("--threads", default="2,4,2", metavar="R,N,W")
 
+    e = sub.add_parser("explore", help="short real transfer with random thread counts; fit a profile",
+                       description="Move real data of SRC to DEST for --duration seconds, drawing a random "
+                                   "(read, net, write) thread triple every interval, and fit the simulator "
+                                   "profile (per-thread throughput from bytes per busy thread-second, stage "
+                                   "bandwidths, noise) to the engine's counters. Writes the profile YAML with the "
+                                   "raw samples.", epilog=EPILOG_EXIT)
+    e.add_argument("src")
+    e.add_argument("dest")
+    e.add_argument("--duration", type=float, default=30.0, metavar="SECONDS", help="exploration time (default 30 s)")
+    e.add_argument("-o", "--output", required=True, metavar="PROFILE.yaml")
+    e.add_argument("--seed", type=int, default=0)
+    _add_engine_options(e)
+
+    tr = sub.add_parser("train", help="train a PPO policy offline in the simulator",
+                        description="Train a PPO agent (stable-baselines3) in the buffer simulator configured by "
+                                    "--profile (or on broadly randomised profiles without one). Writes the model zip, "
+                                    "a JSON sidecar, and a learning curve (CSV and PNG).", epilog=EPILOG_EXIT)
+    tr.add_argument("--profile", metavar="PROFILE.yaml", help="profile from `automdt explore` (default: random profiles)")
+    tr.add_argument("-o", "--output", required=True, metavar="POLICY.zip")
+    tr.add_argument("--timesteps", type=int, default=None, help="environment steps (default: until the target or the budget)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--target", type=float, default=0.95, help="stop once this fraction of the oracle is reached (default 0.95)")
+    tr.add_argument("--max-seconds", type=float, default=None, help="wall-time budget")
+    tr.add_argument("--k", type=float, default=1.02, help="utility base per thread (default 1.02)")
+    tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    sm = sub.add_parser("simulate", help="evaluate a policy in the simulator against the oracle",
+                        description="Run a policy (a trained zip, ppo for the shipped default, or a baseline: "
+                                    "static:R,N,W, globus, marlin, falcon, heuristic, model, oracle) in the simulator "
+                                    "on a profile and compare its utility with the oracle's.", epilog=EPILOG_EXIT)
+    sm.add_argument("--profile", required=True, metavar="PROFILE.yaml")
+    sm.add_argument("--policy", default="ppo", metavar="SPEC")
+    sm.add_argument("--steps", type=int, default=60)
+    sm.add_argument("--seed", type=int, default=0)
+    sm.add_argument("--k", type=float, default=1.02)
+    sm.add_argument("--json", action="store_true")
+
     sub.add_parser("exit-codes", help="list the exit codes")
     return p
 
@@ -256,13 +293,96 @@ def make_sample_dataset(root: str, total: int, seed: int = 7):
     return count, written
 
 
+def _load_profile(path: str):
+    from automdt.simulator.profile import Profile, ProfileError
+
+    try:
+        return Profile.load(path)
+    except FileNotFoundError:
+        raise AutomdtError(f"{path}: profile not found", errors.USAGE) from None
+    except ProfileError as e:
+        raise AutomdtError(str(e), errors.USAGE) from None
+
+
+def cmd_explore(args) -> int:
+    from automdt.explore import explore
+    from automdt.protocol import read_secret
+    from automdt.sender import TransferOptions
+    from automdt.units import format_bytes, parse_size, parse_throttle
+
+    try:
+        opts = TransferOptions(
+            memory=parse_size(args.memory, "memory"), chunk_size=parse_size(args.chunk_size, "chunk size"),
+            throttle=parse_throttle(args.throttle), secret=read_secret(args.secret_file) if args.secret_file else None,
+            interval_s=args.interval, max_threads=args.max_threads, log_path=args.log,
+            sndbuf=parse_size(args.sndbuf, "sndbuf"))
+    except ValueError as e:
+        raise AutomdtError(str(e), errors.USAGE) from None
+    if args.duration < 3 * args.interval:
+        raise AutomdtError("--duration must cover at least 3 intervals", errors.USAGE)
+    res = explore(args.src, args.dest, args.duration, opts, seed=args.seed)
+    prof = res["profile"]
+    prof.save(args.output)
+    out = {"profile": args.output, "intervals": len(res["samples"]), "seconds": round(res["seconds"], 1),
+           "stages": {n: {"tpt": st.tpt, "bandwidth": st.bandwidth, "tpt_spread": st.tpt_spread,
+                          "bandwidth_spread": st.bandwidth_spread} for n, st in zip(("read", "net", "write"), prof.stages)}}
+    if args.json:
+        print(json.dumps(out))
+    elif not args.quiet:
+        print(f"profile written to {args.output} from {out['intervals']} intervals in {out['seconds']} s")
+        for n, st in zip(("read", "net", "write"), prof.stages):
+            print(f"  {n:5s}  per thread {format_bytes(st.tpt)}/s (±{st.tpt_spread:.0%})   "
+                  f"stage {format_bytes(st.bandwidth)}/s (±{st.bandwidth_spread:.0%})")
+    return 0
+
+
+def cmd_train(args) -> int:
+    profile = _load_profile(args.profile) if args.profile else None
+    from automdt.agents.training import train
+
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir):
+        raise AutomdtError(f"{out_dir}: output directory does not exist", errors.USAGE)
+    rep = train(profile, args.output, timesteps=args.timesteps, seed=args.seed, k=args.k,
+                random_profiles=profile is None, progress=not args.no_progress and sys.stderr.isatty(),
+                target_fraction=args.target, max_seconds=args.max_seconds)
+    print(f"policy written to {rep.model_path} ({rep.timesteps} steps in {rep.wall_s:.0f} s); "
+          f"{rep.fraction_of_oracle:.1%} of the oracle's utility; curve {rep.curve_png}")
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    profile = _load_profile(args.profile)
+    from automdt.agents.registry import make_policy
+    from automdt.simulator.oracle import evaluate_policy_in_sim, oracle
+
+    kw = {"profile": profile} if args.policy.strip().lower() == "oracle" else {}
+    try:
+        pol = make_policy(args.policy, max_threads=profile.max_threads, **kw)
+    except (ValueError, ImportError, FileNotFoundError) as e:
+        raise AutomdtError(str(e).splitlines()[0], errors.USAGE) from None
+    traj = evaluate_policy_in_sim(pol, profile, steps=args.steps, seed=args.seed, k=args.k)
+    orc = oracle(profile, args.k)
+    out = {"policy": getattr(pol, "name", args.policy), "fraction_of_oracle": round(float(traj.fraction_of_oracle), 4),
+           "oracle_threads": list(orc.threads), "policy_threads": [int(x) for x in traj.settled_threads],
+           "oracle_utility": round(float(orc.utility), 4), "oracle_throughput_bps": float(orc.throughput_bps),
+           "policy_throughput_bps": round(float(traj.mean_throughput_bps), 1), "steps": args.steps, "seed": args.seed}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{out['policy']}: {out['fraction_of_oracle']:.1%} of the oracle; settles on {out['policy_threads']} "
+              f"(oracle {out['oracle_threads']})")
+    return 0
+
+
 def cmd_exit_codes(args) -> int:
     for code, meaning in sorted(errors.EXIT_CODES.items()):
         print(f"{code:>4}  {meaning}")
     return 0
 
 
-COMMANDS = {"transfer": cmd_transfer, "receive": cmd_receive, "demo": cmd_demo, "exit-codes": cmd_exit_codes}
+COMMANDS = {"transfer": cmd_transfer, "receive": cmd_receive, "demo": cmd_demo, "explore": cmd_explore,
+            "train": cmd_train, "simulate": cmd_simulate, "exit-codes": cmd_exit_codes}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

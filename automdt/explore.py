@@ -31,14 +31,23 @@ SCRATCH = ".automdt-explore-scratch"
 
 
 class RandomExplorer:
-    """A policy that draws a uniformly random thread triple every interval (seeded)."""
+    """A policy that draws a random thread triple every interval (seeded).
+
+    Half of the intervals are uniform triples in ``[1, max_threads]^3``; the other half *probe*
+    one stage (cycling read, net, write): that stage gets a uniform count and the other two get
+    ``max_threads``, so the probed stage is the bottleneck and its capacity at that count, and
+    its bandwidth once more threads stop helping, is observed directly. (With uniform triples
+    alone a fast downstream stage is almost always starved and its bandwidth stays unseen.)
+    """
 
     name = "explore-random"
 
-    def __init__(self, seed: int = 0, low: int = 1):
+    def __init__(self, seed: int = 0, low: int = 1, probe_fraction: float = 0.5):
         self.rng = random.Random(seed)
         self.low = low
+        self.probe_fraction = probe_fraction
         self.max_threads = 32
+        self._probe = 0
 
     def reset(self, max_threads: int, seed: Optional[int] = None):
         self.max_threads = max_threads
@@ -49,6 +58,11 @@ class RandomExplorer:
 
     def _draw(self):
         hi = max(self.low, self.max_threads)
+        if self.rng.random() < self.probe_fraction:
+            t = [hi, hi, hi]
+            t[self._probe % 3] = self.rng.randint(self.low, hi)
+            self._probe += 1
+            return tuple(t)
         return tuple(self.rng.randint(self.low, hi) for _ in range(3))
 
 

@@ -191,7 +191,7 @@ class _Transfer:
         self.codes.append(code)
         if len(self.summary.errors) < 100:
             self.summary.errors.append(message)
-        log.error("%s", message)
+        log.log(logging.INFO if code == errors.MAX_DURATION else logging.ERROR, "%s", message)
 
     def run(self) -> Summary:
         ctx = zmq.Context()

@@ -8,7 +8,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <xxhash.h>
+#include "hash.h"
 
 #include "wire.h"
 
@@ -571,12 +571,12 @@ static void amdt_writer_body(amdt_worker *w)
             continue;
 
         amdt_worker_set_state(w, AMDT_STATE_BUSY);
-        amdt_pace pace = amdt_throttle_reserve(w, slot->length);
+        amdt_throttle_wait(w, amdt_throttle_reserve(w, slot->length)); /* pace before writing */
         uint32_t id = slot->file_id;
         uint64_t off = slot->offset;
         uint32_t len = slot->length;
 
-        if (XXH3_64bits(slot->data, len) != slot->hash) {
+        if (amdt_hash64(slot->data, len) != slot->hash) {
             __atomic_fetch_add(&r->chunks_bad, 1, __ATOMIC_RELAXED);
             amdt_event_push(&r->events, AMDT_EV_CHUNK_BAD, id, off, len, 0, NULL);
             goto next;
@@ -631,7 +631,7 @@ static void amdt_writer_body(amdt_worker *w)
             amdt_put_le32(rec + 4, len);
             amdt_put_le64(rec + 8, off);
             amdt_put_le64(rec + 16, slot->hash);
-            amdt_put_le64(rec + 24, XXH3_64bits(rec, 24));
+            amdt_put_le64(rec + 24, amdt_hash64(rec, 24));
             what = "journal write";
             ssize_t n;
             do {
@@ -667,7 +667,6 @@ static void amdt_writer_body(amdt_worker *w)
                 amdt_event_push(&r->events, AMDT_EV_FILE_DONE, id, 0, 0, 0, NULL);
         }
     next:
-        amdt_throttle_wait(w, pace);
         amdt_pool_put(&r->pool, slot);
     }
 }

@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
-#include <xxhash.h>
+#include "hash.h"
 
 #include "wire.h"
 
@@ -467,7 +467,7 @@ static int amdt_read_chunk(amdt_sender *s, const amdt_ticket *t, amdt_slot *slot
     slot->file_id = f->id;
     slot->offset = t->offset;
     slot->length = t->length;
-    slot->hash = XXH3_64bits(slot->data, t->length);
+    slot->hash = amdt_hash64(slot->data, t->length);
     return 1;
 
 fail:
@@ -522,11 +522,12 @@ static void amdt_reader_body(amdt_worker *w)
         }
 
         amdt_worker_set_state(w, AMDT_STATE_BUSY);
-        amdt_pace pace = amdt_throttle_reserve(w, t.length);
+        /* Pace before the work: the emulated device delivers the chunk at the end of its
+         * reserved time, so bytes are counted at the throttled rate from the first chunk. */
+        amdt_throttle_wait(w, amdt_throttle_reserve(w, t.length));
         int ok = amdt_read_chunk(s, &t, slot);
         if (ok)
             amdt_stage_add_bytes(&s->read, t.length);
-        amdt_throttle_wait(w, pace);
 
         pthread_mutex_lock(&s->mu);
         int fd = amdt_release_ticket_locked(t.f);
@@ -735,7 +736,7 @@ static void amdt_net_body(amdt_worker *w)
         }
 
         amdt_worker_set_state(w, AMDT_STATE_BUSY);
-        amdt_pace pace = amdt_throttle_reserve(w, slot->length);
+        amdt_throttle_wait(w, amdt_throttle_reserve(w, slot->length)); /* pace before sending */
         uint8_t hdr[AMDT_FRAME_HDR_LEN];
         amdt_frame_hdr h = {.magic = AMDT_FRAME_MAGIC, .file_id = slot->file_id,
                             .offset = slot->offset, .length = slot->length, .flags = 0,
@@ -766,7 +767,6 @@ static void amdt_net_body(amdt_worker *w)
         }
         fails = 0;
         __atomic_fetch_add(&s->chunks_sent, 1, __ATOMIC_RELAXED);
-        amdt_throttle_wait(w, pace);
         pthread_mutex_lock(&s->mu);
         s->pending--;
         pthread_mutex_unlock(&s->mu);

@@ -265,6 +265,8 @@ void amdt_stage_get_stats(amdt_stage *st, amdt_stage_stats *out)
 
 /* ---- throttles --------------------------------------------------------------------- */
 
+#define AMDT_THROTTLE_SLACK_NS (50ULL * 1000000ULL)
+
 void amdt_stage_set_throttle(amdt_stage *st, uint64_t thread_bps, uint64_t total_bps)
 {
     pthread_mutex_lock(&st->thr_mu);
@@ -291,13 +293,22 @@ amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes)
     if (st->thread_bps == 0 && st->total_bps == 0)
         goto done;
     uint64_t now = amdt_now_ns();
+    /* Callers wait *before* the work, so the work itself (a pread, a send) runs between two
+     * reservations; a clock that fell behind by less than AMDT_THROTTLE_SLACK_NS keeps its
+     * schedule (the thread catches up) instead of losing that time every chunk. The slack
+     * bounds the burst after an idle period to slack * rate bytes. */
+    if (w->thr_next_ns + AMDT_THROTTLE_SLACK_NS > now && w->thr_next_ns < now)
+        now = w->thr_next_ns;
     if (st->thread_bps != 0) {
         uint64_t start = w->thr_next_ns > now ? w->thr_next_ns : now;
         w->thr_next_ns = start + amdt_pace_ns(bytes, st->thread_bps);
         p.until_ns = w->thr_next_ns;
     }
     if (st->total_bps != 0) {
-        uint64_t start = st->total_next_ns > now ? st->total_next_ns : now;
+        uint64_t tnow = amdt_now_ns();
+        if (st->total_next_ns + AMDT_THROTTLE_SLACK_NS > tnow && st->total_next_ns < tnow)
+            tnow = st->total_next_ns;
+        uint64_t start = st->total_next_ns > tnow ? st->total_next_ns : tnow;
         st->total_next_ns = start + amdt_pace_ns(bytes, st->total_bps);
         if (st->total_next_ns > p.until_ns)
             p.until_ns = st->total_next_ns;
