@@ -46,6 +46,7 @@ OBS_NAMES: tuple[str, ...] = (
     "buffer/sender_fill", "buffer/receiver_fill",
     "prev/read/threads", "prev/net/threads", "prev/write/threads",
     "prev/read/throughput", "prev/net/throughput", "prev/write/throughput",
+    "read/thread_efficiency", "net/thread_efficiency", "write/thread_efficiency",
 )
 """Names of the encoded observation's components, in order."""
 OBS_DIM = len(OBS_NAMES)
@@ -71,11 +72,14 @@ def encode_arrays(
     prev_throughput_bps: np.ndarray,
     ref_bps: np.ndarray,
     max_threads: int,
+    best_rate_bps: np.ndarray | None = None,
     clip: bool = True,
 ) -> np.ndarray:
     """Encode (N,...) measurements into the (N, :data:`OBS_DIM`) float32 policy input in [0, 1].
 
     ``ref_bps`` (N,) is the running throughput reference (already updated with this interval).
+    ``best_rate_bps`` (N,3) is the running maximum per-thread rate ``t_i / n_i`` of each stage
+    (already updated); ``None``: this interval's rates (efficiency 1).
     ``clip=False`` skips the clipping to [0, 1] when the inputs are known to be in range (the
     simulator's are: ref is a running max, 1 <= threads <= max_threads, 0 <= fill <= 1), which
     gives the same result faster.
@@ -89,6 +93,10 @@ def encode_arrays(
     out[:, 6:8] = fill
     out[:, 8:11] = prev_threads * inv_m
     out[:, 11:14] = prev_throughput_bps * inv_ref
+    rate = throughput_bps / np.maximum(threads, 1)
+    if best_rate_bps is None:
+        best_rate_bps = rate
+    out[:, 14:17] = rate / np.maximum(best_rate_bps, _TINY_BPS)
     if clip:
         np.clip(out, 0.0, 1.0, out=out)
     return out
@@ -212,6 +220,7 @@ class SimCore:
         self.prev_threads = np.ones((n, 3), dtype=np.int64)
         self.prev_tput = np.zeros((n, 3))
         self.ref = np.zeros(n)
+        self.best_rate = np.zeros((n, 3))
         self.obs = np.zeros((n, OBS_DIM), dtype=np.float32)
         self.utility = np.zeros(n)
         self.reward = np.zeros(n)
@@ -275,6 +284,7 @@ class SimCore:
         self.steps[rows] = 0
         self.noise_idx[rows] = 0
         self.ref[rows] = 0.0
+        self.best_rate[rows] = 0.0
         # The first observation is a real measurement: one interval at the start triple.
         self._advance(rows, threads, rngs, first=True)
 
@@ -308,12 +318,13 @@ class SimCore:
                                    self.substeps)
         tput = moved * (1.0 / self.interval_s)
         ref = np.maximum(self.ref[sel], tput.max(axis=1))
+        best_rate = np.maximum(self.best_rate[sel], tput / threads)
         if first:
             prev_threads, prev_tput = threads, tput
         else:
             prev_threads, prev_tput = self.threads[sel], self.tput[sel]
         fill = np.stack([S / self.smax[sel], R / self.rmax[sel]], axis=1)
-        obs = encode_arrays(threads, tput, fill, prev_threads, prev_tput, ref, self.max_threads, clip=False)
+        obs = encode_arrays(threads, tput, fill, prev_threads, prev_tput, ref, self.max_threads, best_rate, clip=False)
         util = np.sum(tput * self._pen[threads], axis=1) / self.scale[sel]
         reward = util
         if self.bound_penalty:
@@ -321,12 +332,13 @@ class SimCore:
         if rows is None:
             self.prev_threads, self.prev_tput = prev_threads, prev_tput
             self.threads, self.tput, self.S, self.R, self.ref, self.cap = threads, tput, S, R, ref, cap
+            self.best_rate = best_rate
             self.obs, self.utility, self.reward = obs, util, reward
             self.noise_idx += 1
         else:
             self.prev_threads[rows], self.prev_tput[rows] = prev_threads, prev_tput
             self.threads[rows], self.tput[rows], self.S[rows], self.R[rows] = threads, tput, S, R
-            self.ref[rows], self.cap[rows] = ref, cap
+            self.ref[rows], self.cap[rows], self.best_rate[rows] = ref, cap, best_rate
             self.obs[rows], self.utility[rows], self.reward[rows] = obs, util, reward
             self.noise_idx[rows] += 1
 

@@ -116,7 +116,7 @@ class BatchedBufferSim(VectorEnv):
         :param seed: int (env ``i`` gets ``seed + i``), a list of per-env seeds, or None (keep the
             generators; on the very first reset use the constructor's ``seed``).
         :param options: as :meth:`BufferSimEnv.reset` (``threads``, ``buffer_fill``), for all envs.
-        :return: observations (N, 14) float32 and an info dict of arrays.
+        :return: observations (N, OBS_DIM) float32 and an info dict of arrays.
         """
         if seed is None and self._rngs is None:
             seed = self._default_seed

@@ -204,3 +204,18 @@ def test_episode_oracles_of_single_and_batched_envs_agree():
         r = env.episode_oracle()
         assert tuple(n[i]) == r.threads and u[i] == pytest.approx(r.utility, rel=1e-9)
         assert env.reward_scale_bps == pytest.approx(env.episode_profile.achievable_bps, rel=1e-12)
+
+
+def test_thread_efficiency_feature_by_hand():
+    # READ_BOUND (TPT_r 10 MB/s, B_r 100 MB/s): 2 read threads move 20 MB/s = 10 MB/s per thread;
+    # 20 read threads move min(200, 100) = 100 MB/s = 5 MB/s per thread -> efficiency 5/10 = 0.5.
+    env = BufferSimEnv(READ_BOUND, noise=0.0, random_start=False)
+    obs, _ = env.reset(seed=0, options={"threads": (2, 2, 2)})
+    assert obs[14:17].tolist() == [1.0, 1.0, 1.0]
+    obs, _, _, _, _ = env.step_threads((20, 2, 2))
+    # net/write: 2 threads each carry 100 MB/s now, 50 MB/s per thread (best so far) -> 1.0
+    assert obs[14:17].tolist() == pytest.approx([0.5, 1.0, 1.0])
+    assert obs[3:6].tolist() == pytest.approx([1.0, 1.0, 1.0])  # every stage at the running max
+    obs, _, _, _, _ = env.step_threads((10, 4, 4))
+    # read 10 MB/s per thread again (1.0); net/write 100/4 = 25 vs best 50 -> 0.5
+    assert obs[14:17].tolist() == pytest.approx([1.0, 0.5, 0.5])
