@@ -39,6 +39,15 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sndbuf", metavar="BYTES", default="0", help="per-connection socket send buffer cap (emulates a TCP window)")
 
 
+def _add_ops_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lock-file", metavar="F", help="lock held for the run (default: per SRC+DEST under $XDG_RUNTIME_DIR "
+                                                  "or /tmp); a second run exits 13 at once")
+    p.add_argument("--lock-wait", type=float, default=0.0, metavar="SECONDS", help="wait this long for a busy lock")
+    p.add_argument("--no-lock", action="store_true", help="do not take the lock")
+    p.add_argument("--summary-file", metavar="F", help="also write the final JSON summary to F")
+    p.add_argument("--log-file", metavar="F", help="append log messages to F (reopened if logrotate moves it)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="automdt", description=(
         "Modular data transfers: separate read, network and write thread pools, tuned jointly."),
@@ -65,6 +74,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="durability: fsync each file before its rename (file), and its directory after (dir)")
     t.add_argument("--chunk-retries", type=int, default=5, help="re-sends of a corrupt chunk before failing (default 5)")
     t.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="control-channel reply timeout")
+    _add_ops_options(t)
+    t.add_argument("-n", "--dry-run", action="store_true",
+                   help="only report what would move (same JSON summary, with dry_run_files); change nothing")
+    t.add_argument("--verify", action="store_true",
+                   help="afterwards compare every file's content digest on both ends (exit 11 on a difference)")
+    t.add_argument("--bwlimit", metavar="RATE", help="cap the network stage at RATE bytes/s (same as --throttle net.total=RATE)")
+
+    v = sub.add_parser("verify", help="compare a source tree with a destination by content digest",
+                       description="Compare the content digest (XXH3-128 over the per-chunk XXH3-64 digests) of "
+                                   "every file of SRC with DEST (a local directory or HOST:PORT[/SUBDIR]); print "
+                                   "`missing: PATH` / `differs: PATH` lines; exit 11 if any differ.", epilog=EPILOG_EXIT)
+    v.add_argument("src")
+    v.add_argument("dest")
+    v.add_argument("--secret-file", metavar="F")
+    v.add_argument("--chunk-size", metavar="BYTES", default="4Mi")
+    v.add_argument("--json", action="store_true")
+    v.add_argument("-q", "--quiet", action="store_true")
 
     r = sub.add_parser("receive", help="run the destination daemon",
                        description="Serve transfers into ROOT. Listening on a non-loopback address needs "
@@ -76,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-memory", default="1Gi", metavar="BYTES", help="clamp for each session's staging buffer")
     r.add_argument("--idle-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="close a session silent this long (default 60)")
+    r.add_argument("--log-file", metavar="F", help="append log messages to F (reopened if logrotate moves it)")
 
     d = sub.add_parser("demo", help="create a sample dataset and transfer it locally",
                        description="Create a sample dataset (a few large files and many small ones) and copy it "
@@ -152,6 +179,8 @@ def cmd_transfer(args) -> int:
     from automdt.units import parse_size, parse_throttle
 
     try:
+        if args.bwlimit:
+            args.throttle = ",".join(x for x in (args.throttle, f"net.total={args.bwlimit}") if x)
         policy, threads = _resolve_policy(args, args.max_threads)
         opts = TransferOptions(
             policy=policy, threads=threads, memory=parse_size(args.memory, "memory"),
@@ -159,11 +188,42 @@ def cmd_transfer(args) -> int:
             secret=read_secret(args.secret_file) if args.secret_file else None, checksum=args.checksum,
             interval_s=args.interval, max_threads=args.max_threads, log_path=args.log,
             max_duration_s=args.max_duration, fsync=args.fsync, chunk_retries=args.chunk_retries,
-            timeout_s=args.timeout, sndbuf=parse_size(args.sndbuf, "sndbuf"))
+            timeout_s=args.timeout, sndbuf=parse_size(args.sndbuf, "sndbuf"), dry_run=args.dry_run,
+            verify=args.verify)
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
     _check_options(opts)
-    return _run_with_display(args, lambda o: run_transfer(args.src, args.dest, o), opts)
+    return _locked(args, lambda: _run_with_display(args, lambda o: run_transfer(args.src, args.dest, o), opts))
+
+
+def _locked(args, run):
+    if args.no_lock:
+        return run()
+    from automdt.lock import JobLock, default_lock_path
+
+    with JobLock(args.lock_file or default_lock_path(args.src, args.dest), args.lock_wait):
+        return run()
+
+
+def cmd_verify(args) -> int:
+    from automdt.protocol import read_secret
+    from automdt.sender import TransferOptions, run_transfer
+    from automdt.units import parse_size
+
+    try:
+        opts = TransferOptions(verify_only=True, chunk_size=parse_size(args.chunk_size, "chunk size"),
+                               secret=read_secret(args.secret_file) if args.secret_file else None)
+    except ValueError as e:
+        raise AutomdtError(str(e), errors.USAGE) from None
+    summary = run_transfer(args.src, args.dest, opts)
+    d = summary.as_dict()
+    if args.json:
+        print(json.dumps({k: d.get(k) for k in ("files_total", "verified", "differences", "exit_code", "errors")}))
+    elif not args.quiet:
+        for line in d.get("differences") or []:
+            print(line)
+        print(f"{d.get('verified', 0)} of {d['files_total']} files identical; exit {d['exit_code']}")
+    return summary.exit_code
 
 
 def _check_options(opts) -> None:
@@ -195,6 +255,12 @@ def _report(summary, args) -> None:
     d = summary.as_dict()
     if args.json:
         print(json.dumps(d))
+    if getattr(args, "summary_file", None):
+        tmp = args.summary_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(d, f)
+            f.write("\n")
+        os.replace(tmp, args.summary_file)
     for e in summary.errors[:20]:
         print(f"automdt: {e}", file=sys.stderr)
     if not args.json and not args.quiet:
@@ -381,7 +447,7 @@ def cmd_exit_codes(args) -> int:
     return 0
 
 
-COMMANDS = {"transfer": cmd_transfer, "receive": cmd_receive, "demo": cmd_demo, "explore": cmd_explore,
+COMMANDS = {"transfer": cmd_transfer, "verify": cmd_verify, "receive": cmd_receive, "demo": cmd_demo, "explore": cmd_explore,
             "train": cmd_train, "simulate": cmd_simulate, "exit-codes": cmd_exit_codes}
 
 
@@ -390,13 +456,32 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="automdt: %(message)s", stream=sys.stderr)
+    file_handler = None
+    if getattr(args, "log_file", None):
+        from logging.handlers import WatchedFileHandler
+
+        h = WatchedFileHandler(args.log_file)
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        h.setLevel(logging.INFO)
+        logging.getLogger().addHandler(h)
+        file_handler = h
+        logging.getLogger().setLevel(logging.DEBUG if args.debug else logging.INFO)
+        for handler in logging.getLogger().handlers:
+            if handler is not h and not args.debug:
+                handler.setLevel(logging.WARNING)
     if args.command is None:
         parser.print_help()
         return errors.USAGE
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        if file_handler is not None:
+            log.log(logging.INFO if code == 0 else logging.WARNING, "%s finished with exit code %d", args.command, code)
+        return code
     except AutomdtError as e:
         print(f"automdt: {e.message}", file=sys.stderr)
+        if file_handler is not None:
+            file_handler.handle(logging.makeLogRecord({"name": "automdt", "levelno": logging.ERROR,
+                                                       "levelname": "ERROR", "msg": f"{e.message} (exit {e.code})"}))
         return e.code
     except KeyboardInterrupt:
         print("automdt: interrupted", file=sys.stderr)

@@ -85,6 +85,7 @@ class Session:
         self.fatal: Optional[Tuple[int, str]] = None
         self.last_seen = time.monotonic()
         self.bytes_needed = 0
+        self.dry_run = False
 
     # ----------------------------------------------------------------- messages
     def handle(self, msg: Dict[str, Any]) -> Dict[str, Any]:
@@ -106,6 +107,7 @@ class Session:
             "poll": self._poll,
             "missing": self._missing,
             "fail": self._fail,
+            "digest": self._digest,
             "close": self._close_msg,
         }.get(kind)
         if handler is None:
@@ -157,9 +159,13 @@ class Session:
         self.chunk_size = chunk
         self.fsync = msg.get("fsync", "none") if msg.get("fsync") in ("none", "file", "dir") else "none"
         self.checksum = bool(msg.get("checksum", False))
+        self.dry_run = bool(msg.get("dry_run", False))
         self.root = SafeRoot(srv.root)
         try:
-            self.root.dir_fd(self.base, create=True)
+            self.root.dir_fd(self.base, create=not self.dry_run)
+        except FileNotFoundError:
+            if not self.dry_run:
+                raise
         except UnsafePath as e:
             raise SessionError(str(e), errors.FILES_FAILED)
         wt = msg.get("write_throttle") or [0, 0]
@@ -175,7 +181,9 @@ class Session:
         root = self.root
         for d in msg.get("dirs", []):
             try:
-                root.dir_fd(self.base + check_relpath(d), create=True)
+                parts = check_relpath(d)
+                if not self.dry_run:
+                    root.dir_fd(self.base + parts, create=True)
             except UnsafePath as e:
                 raise SessionError(f"refused: {e}", errors.FILES_FAILED)
         entries = msg.get("files", [])
@@ -203,11 +211,12 @@ class Session:
                 self.file_errors.append([fid, code, f"{f.path}: {ex.strerror}"])
                 if code == errors.FATAL:
                     raise SessionError(f"{f.path}: {ex.strerror}", code)
-            if action == "send":
+            if action == "send" and not self.dry_run:
                 self.files[fid] = f
                 self.bytes_needed += size
             plan.append([fid, action])
-        self._check_space()
+        if not self.dry_run:
+            self._check_space()
         return {"type": "plan", "files": plan}
 
     def _check_space(self) -> None:
@@ -222,7 +231,10 @@ class Session:
                                f"the transfer needs up to {need}", errors.FATAL)
 
     def _plan_file(self, f: _File, digest: Optional[str]) -> str:
-        dfd = self.root.dir_fd(f.parts[:-1])
+        try:
+            dfd = self.root.dir_fd(f.parts[:-1], create=not self.dry_run)
+        except FileNotFoundError:
+            return "send"  # dry run: the directory does not exist yet
         name = f.parts[-1]
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -242,7 +254,7 @@ class Session:
                         return "skip"
                 elif not self.checksum and st.st_mtime_ns == f.mtime_ns:
                     return "skip"
-        if f.size == 0:
+        if f.size == 0 and not self.dry_run:
             self._write_empty(f, dfd, name)
             return "done"
         return "send"
@@ -383,6 +395,28 @@ class Session:
             if f is not None:
                 self._release(f)  # the partial and its journal stay for a later run
         return {"type": "ok"}
+
+    def _digest(self, msg):
+        """Content digests (automdt.verify) of destination files, for ``verify``."""
+        from automdt.verify import chunked_digest_fd
+
+        out = {}
+        for path in msg.get("paths", [])[:1000]:
+            try:
+                parts = self.base + check_relpath(path)
+                dfd = self.root.dir_fd(parts[:-1], create=False)
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            except (UnsafePath, OSError):
+                out[path] = None
+                continue
+            try:
+                st = os.fstat(fd)
+                out[path] = chunked_digest_fd(fd, st.st_size, self.chunk_size) if stat.S_ISREG(st.st_mode) else None
+            except OSError:
+                out[path] = None
+            finally:
+                os.close(fd)
+        return {"type": "digests", "digests": out}
 
     def _close_msg(self, msg):
         self.pump()

@@ -75,6 +75,14 @@ class TransferOptions:
     window_files: int = 512
     fault_corrupt: int = 0
     sndbuf: int = 0
+    dry_run: bool = False
+    """Plan only: report what would move (same summary), change nothing on the destination."""
+    verify: bool = False
+    """After the transfer, compare every file's content digest on both ends (exit 11 on a difference)."""
+    verify_only: bool = False
+    """Transfer nothing; only compare digests (``automdt verify``)."""
+    data_endpoint_hook: Optional[Callable[[str, int], Tuple[str, int]]] = None
+    """Test hook: maps the receiver's announced data endpoint (e.g. to a fault-injecting proxy)."""
 
 
 @dataclass
@@ -95,12 +103,21 @@ class Summary:
     exit_code: int = 0
     threads: Dict[str, int] = field(default_factory=dict)
     errors: List[str] = field(default_factory=list)
+    verified: Optional[int] = None
+    """With ``--verify``: files whose content digest matched on both ends."""
+    differences: Optional[List[str]] = None
+    """With ``--verify``: ``missing: path`` / ``differs: path`` lines."""
+    dry_run_files: Optional[List[str]] = None
+    """With ``--dry-run``: the files that would be sent (first 1000)."""
     history: List[Dict[str, Any]] = field(default_factory=list, repr=False)
     """The controller's interval records (not part of the JSON summary)."""
 
     def as_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
         d.pop("history", None)
+        for k in ("dry_run_files", "verified", "differences"):
+            if d[k] is None:
+                d.pop(k)
         d["bytes_per_second"] = round(self.bytes / self.seconds, 1) if self.seconds > 0 else 0.0
         d["seconds"] = round(self.seconds, 3)
         return d
@@ -146,6 +163,13 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
     remote, where = parse_dest(dest)
     server = None
     secret = opts.secret
+    if remote is None and opts.dry_run and not os.path.isdir(where):
+        # nothing exists yet: everything would be sent, and nothing is created
+        summary = Summary(files_total=len(manifest.files), bytes_total=manifest.total_bytes,
+                          bytes_to_send=manifest.total_bytes, entries_skipped=len(manifest.skipped),
+                          dry_run_files=[f.path for f in manifest.files][:1000])
+        summary.seconds = time.monotonic() - t_start
+        return summary
     if remote is None:
         from automdt.receiver import ReceiverServer
 
@@ -201,8 +225,11 @@ class _Transfer:
         try:
             try:
                 self._handshake()
-                self._plan()
-                self._transfer(log_file)
+                if not self.o.verify_only:
+                    self._plan()
+                    self._transfer(log_file)
+                if self.o.verify or self.o.verify_only:
+                    self._verify()
             except Stop as s:
                 self.codes.append(s.code)
                 self.summary.errors.append("interrupted: partial files and journals kept; re-run to resume")
@@ -261,10 +288,12 @@ class _Transfer:
         r = self.ctl.request({
             "type": "open", "subdir": self.subdir, "chunk_size": self.o.chunk_size, "memory": self.o.memory,
             "write_threads": self.o.threads[2], "checksum": self.o.checksum, "fsync": self.o.fsync,
-            "write_throttle": list(self.o.throttle.get("write", (0, 0))),
+            "write_throttle": list(self.o.throttle.get("write", (0, 0))), "dry_run": self.o.dry_run,
         })
         self.opened = True
-        self.data_port = int(r["data_port"])
+        self.data_host, self.data_port = self.host, int(r["data_port"])
+        if self.o.data_endpoint_hook is not None:
+            self.data_host, self.data_port = self.o.data_endpoint_hook(self.host, self.data_port)
         self.chunk_size = int(r["chunk_size"])
 
     def _plan(self) -> None:
@@ -294,18 +323,43 @@ class _Transfer:
                     self.summary.files_failed += 1
             self._take_errors(reply.get("errors"))
 
+    def _verify(self) -> None:
+        """Compare content digests of every source file with the destination's."""
+        from automdt.verify import chunked_digest, compare
+
+        src, dst = {}, {}
+        files = self.m.files
+        for i in range(0, len(files), 500):
+            batch = files[i:i + 500]
+            for f in batch:
+                try:
+                    src[f.path] = chunked_digest(f.abspath, self.chunk_size)
+                except OSError:
+                    src[f.path] = "unreadable"
+            r = self.ctl.request({"type": "digest", "paths": [f.path for f in batch]}, timeout_s=max(self.o.timeout_s, 300))
+            dst.update(r.get("digests", {}))
+        diffs = compare(src, dst)
+        self.summary.verified = len(files) - len(diffs)
+        self.summary.differences = diffs[:1000]
+        if diffs:
+            self.fail(errors.INTEGRITY, f"verify: {len(diffs)} of {len(files)} files differ ({diffs[0]}...)")
+
     def _take_errors(self, errs) -> None:
         for fid, code, msg in errs or []:
             self.fail(int(code), msg)
 
     # ----------------------------------------------------------------- the loop
     def _transfer(self, log_file) -> None:
+        if self.o.dry_run:
+            self.summary.files_transferred = 0
+            self.summary.dry_run_files = [self.m.files[i].path for i in self.pending][:1000]
+            return
         if not self.pending:
             return
         from automdt.transfer_engine import Sender
 
         th = self.o.throttle
-        self.engine = Sender(self.host, self.data_port, self.token, self.chunk_size, self.o.memory,
+        self.engine = Sender(self.data_host, self.data_port, self.token, self.chunk_size, self.o.memory,
                              max_threads=max(self.o.max_threads, 1),
                              read_throttle=_ints(th.get("read", (0, 0))), net_throttle=_ints(th.get("net", (0, 0))),
                              sndbuf=self.o.sndbuf, fault_corrupt=self.o.fault_corrupt)
