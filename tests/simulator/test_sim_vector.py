@@ -92,8 +92,9 @@ def test_sb3_ppo_smoke():
     from automdt.simulator.sb3 import BatchedSimVecEnv
 
     venv = BatchedSimVecEnv(num_envs=8, episode_steps=10, random_profiles=True, seed=0)
-    model = PPO("MlpPolicy", venv, n_steps=16, batch_size=64, n_epochs=1, seed=0, device="cpu")
-    model.learn(256)
+    model = PPO("MlpPolicy", venv, n_steps=8, batch_size=64, n_epochs=1, seed=0, device="cpu")
+    model.learn(64)
+    assert model.num_timesteps == 64
 
 
 def test_simulator_does_not_import_torch_or_sb3():
