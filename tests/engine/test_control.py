@@ -52,7 +52,8 @@ def test_set_threads_churn_is_lossless(rig):
     assert churns > 50 and rs.connections_total > 3
     wait_for(lambda: r.tx.stats().net.threads_live == 3 and r.rx.stats().connections == 3,
              what="3 live connections")
-    assert r.rx.stats().write.threads_live == 2
+    # Writers above the target left over from the churn exit within one timed wait.
+    wait_for(lambda: r.rx.stats().write.threads_live == 2, what="2 live writers")
 
 
 def _rate(get, warm: float, window: float) -> tuple[float, float]:

@@ -75,6 +75,9 @@ def test_done_chunks_bitmap_skips(rig):
         bitmap[i >> 3] |= 1 << (i & 7)
     src, dst, data = r.add(1, size, done_chunks=bytes(bitmap))
     r.wait_done([1])
+    # file_done can come before the writers have seen (and dropped) the pre-done chunks.
+    wait_for(lambda: (lambda s: s.chunks_written + s.chunks_duplicate)(r.rx.stats()) == 11,
+             what="every chunk written or dropped")
     with open(dst, "rb") as fh:
         got = fh.read()
     for i in range(11):

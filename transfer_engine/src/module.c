@@ -14,6 +14,7 @@
 #include <Python.h>
 
 #include "common.h"
+#include "hash.h"
 #include "receiver.h"
 #include "sender.h"
 #include "wire.h"
@@ -747,10 +748,45 @@ static PyType_Spec Receiver_spec = {
 
 /* ---- module ------------------------------------------------------------------------ */
 
+static PyObject *amdt_py_hash64(PyObject *mod, PyObject *args)
+{
+    Py_buffer buf;
+    const char *impl = "";
+    amdt_hash_fn fn = amdt_hash64;
+    if (!PyArg_ParseTuple(args, "y*|s", &buf, &impl))
+        return NULL;
+    if (strcmp(impl, "libxxhash") == 0) {
+        fn = amdt_hash64_lib;
+    } else if (strcmp(impl, "xxh3-avx2") == 0) {
+        fn = amdt_hash64_avx2;
+        if (fn == NULL || strcmp(amdt_hash_impl, "xxh3-avx2") != 0) {
+            PyBuffer_Release(&buf);
+            PyErr_SetString(PyExc_ValueError, "xxh3-avx2 is not available on this CPU/build");
+            return NULL;
+        }
+    } else if (impl[0] != '\0') {
+        PyBuffer_Release(&buf);
+        PyErr_Format(PyExc_ValueError, "impl must be '', 'libxxhash' or 'xxh3-avx2', got '%s'", impl);
+        return NULL;
+    }
+    /* Keeps the GIL: a test/diagnostic helper, and hashing runs at tens of GB/s. */
+    uint64_t h = fn(buf.buf, (size_t)buf.len);
+    PyBuffer_Release(&buf);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyMethodDef amdt_module_methods[] = {
+    {"hash64", amdt_py_hash64, METH_VARARGS,
+     "hash64(data, impl='') -> XXH3_64bits(data) with the engine's implementation "
+     "(or 'libxxhash' / 'xxh3-avx2')"},
+    {NULL, NULL, 0, NULL},
+};
+
 static int amdt_exec(PyObject *m)
 {
     amdt_modstate *st = PyModule_GetState(m);
     amdt_debug_init();
+    amdt_hash_init();
 
     st->sender_type = PyType_FromModuleAndSpec(m, &Sender_spec, NULL);
     if (st->sender_type == NULL)
@@ -772,7 +808,8 @@ static int amdt_exec(PyObject *m)
         PyModule_AddIntConstant(m, "CHUNK_SIZE_MAX", 1 << 30) < 0 ||
         PyModule_AddIntConstant(m, "WAIT_MS", AMDT_WAIT_MS) < 0 ||
         PyModule_AddIntConstant(m, "EVENTS_MAX", AMDT_EVENTS_MAX) < 0 ||
-        PyModule_AddIntConstant(m, "DEBUG", amdt_debug_enabled) < 0)
+        PyModule_AddIntConstant(m, "DEBUG", amdt_debug_enabled) < 0 ||
+        PyModule_AddStringConstant(m, "HASH_IMPL", amdt_hash_impl) < 0)
         return -1;
     return 0;
 }
@@ -811,6 +848,7 @@ static struct PyModuleDef amdt_module = {
     .m_doc = "AutoMDT transfer engine: read/network/write thread pools, staging buffers, "
              "checksums, throttles and counters (private; use automdt.transfer_engine).",
     .m_size = sizeof(amdt_modstate),
+    .m_methods = amdt_module_methods,
     .m_slots = amdt_slots,
     .m_traverse = amdt_traverse,
     .m_clear = amdt_clear,
