@@ -234,3 +234,48 @@ def test_api_validation(engines, tmp_path):
     rx.close()
     with pytest.raises(RuntimeError, match="closed"):
         rx.add_file(9, 0, -1, 1)
+
+
+def test_receiver_restart_sender_recovers(tmp_path, engines):
+    """The receiver goes away mid-transfer: the sender requeues what it was sending, reports
+    conn_error, backs off, reconnects to a new receiver on the same port, and missing() +
+    requeue() complete the file."""
+    tok = os.urandom(32)
+    size = 48 * CHUNK
+    src = tmp_path / "src"
+    data = os.urandom(size)
+    src.write_bytes(data)
+    rx1 = te.Receiver("127.0.0.1", 0, tok, CHUNK, 1 << 20, threads=1)
+    engines(rx1)
+    port = rx1.port
+    dst = str(tmp_path / "dst")
+    fd = os.open(dst, os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        rx1.add_file(1, fd, -1, size)
+        tx = te.Sender("127.0.0.1", port, tok, CHUNK, 1 << 20, threads=(1, 2),
+                       net_throttle=(0, 24 * CHUNK))  # about 2 s for the whole file
+        engines(tx)
+        tx.add_file(1, str(src), size, src.stat().st_mtime_ns)
+        wait_for(lambda: rx1.stats().chunks_written >= 4, what="some chunks written")
+        rx1.close()
+        wait_for(lambda: any(e[0] == "conn_error" for e in tx.events()), what="conn_error on the sender")
+        assert tx.stats().chunks_pending > 0  # requeued, not lost
+        rx2 = te.Receiver("127.0.0.1", port, tok, CHUNK, 1 << 20, threads=1)
+        engines(rx2)
+        rx2.add_file(1, fd, -1, size)  # a real session would pass the journal's bitmap
+        tx.set_throttle("net", 0, 0)
+        wait_for(lambda: tx.stats().chunks_pending == 0, timeout=20, what="sender drained")
+        wait_for(lambda: rx2.stats().buffer.slots_used == 0, what="receiver drained")
+        missing = rx2.missing(1)
+        for off, ln in missing:
+            tx.requeue(1, off, ln)
+        wait_for(lambda: any(e[0] == "file_done" for e in rx2.events()), what="file_done")
+        with open(dst, "rb") as fh:
+            assert fh.read() == data
+        assert rx2.stats().connections_total >= 1
+    finally:
+        for e in ("tx", "rx2"):
+            obj = locals().get(e)
+            if obj is not None:
+                obj.close()
+        os.close(fd)
