@@ -28,6 +28,7 @@ from automdt.sender import TransferOptions, parse_dest, run_transfer
 log = logging.getLogger(__name__)
 
 SCRATCH = ".automdt-explore-scratch"
+MIN_BUSY_FRACTION = 0.5
 
 
 class RandomExplorer:
@@ -66,20 +67,34 @@ class RandomExplorer:
         return tuple(self.rng.randint(self.low, hi) for _ in range(3))
 
 
-def record_to_sample(rec: Dict[str, Any]) -> Dict[str, Any]:
+def record_to_sample(rec: Dict[str, Any], prev: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """A controller interval record -> a profile-fitting sample (:mod:`automdt.simulator.fit`).
 
     The network stage's busy time is corrected for the time the receiving threads spent waiting
     for room in the receiver buffer: during it the sender's ``send()`` blocks on a full TCP window
     (counted busy by the sender) although the network itself is idle.
+
+    A stage is marked unusable for an interval (bytes 0) when its thread count went *down* at
+    the start of it (its exiting threads finish the chunk they hold, so the interval carries bytes
+    of more threads than it lists), or when its threads were busy less than half of the time.
     """
     st = ("read", "net", "write")
     busy = [rec["busy_s"][s] for s in st]
     busy[1] = max(busy[1] - rec.get("recv_wait_s", 0.0), 0.0)
+    nbytes = [rec["bytes"][s] for s in st]
+    if prev is not None:
+        for i, s in enumerate(st):
+            if rec["threads"][s] < prev["threads"][s]:
+                nbytes[i] = 0
+    # A stage whose threads spent most of the interval waiting on a buffer ran at its capacity
+    # only in short bursts: its busy-time estimate is too noisy to use.
+    for i, s in enumerate(st):
+        if busy[i] < MIN_BUSY_FRACTION * rec["threads"][s] * rec["interval_s"]:
+            nbytes[i] = 0
     return {
         "t": rec["t"],
         "threads": [rec["threads"][s] for s in st],
-        "bytes": [rec["bytes"][s] for s in st],
+        "bytes": nbytes,
         "busy_s": busy,
         "wait_s": [rec["wait_s"][s] for s in st],
         "interval_s": rec["interval_s"],
@@ -94,7 +109,7 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
 
     remote, _ = parse_dest(dest)
     explorer = RandomExplorer(seed)
-    records: List[Dict[str, Any]] = []
+    records: List[List[Dict[str, Any]]] = []
     t0 = time.monotonic()
     rounds = 0
     scratch = os.path.join(dest, SCRATCH) if remote is None else None
@@ -113,7 +128,7 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
             summary = run_transfer(src, target, o)
             summaries.append(summary)
             hist = getattr(summary, "history", None) or []
-            records.extend(hist)
+            records.append([r for r in hist])
             rounds += 1
             if summary.exit_code not in (errors.OK, errors.MAX_DURATION):
                 raise AutomdtError("exploration transfer failed: " + "; ".join(summary.errors[:3]), summary.exit_code)
@@ -122,7 +137,7 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
     finally:
         if scratch and os.path.isdir(scratch):
             shutil.rmtree(scratch, ignore_errors=True)
-    samples = [record_to_sample(r) for r in records]
+    samples = [record_to_sample(r, rnd[j - 1] if j else None) for rnd in records for j, r in enumerate(rnd)]
     if len(samples) < 3:
         raise AutomdtError(f"exploration gathered only {len(samples)} intervals; use a larger dataset or a longer "
                            "--duration", errors.USAGE)
