@@ -41,8 +41,9 @@ _NS = 1e-9
 #: e.g. "changed during read: size 100 -> 50"), ``("conn_error", errno, message)``,
 #: ``("conn_rejected", message)``, ``("protocol_error", message)``,
 #: ``("chunk_bad", file_id, offset, length)``, ``("file_done", file_id)``,
-#: ``("write_error", file_id, errno, message)``, ``("events_dropped", count)`` (the queue
-#: holds at most 65536 undrained events).
+#: ``("write_error", file_id, errno, message)``, ``("events_dropped", count)`` (past 65536
+#: undrained events, connection events -- conn_error, conn_rejected, protocol_error -- are
+#: only counted; file and chunk events are always kept).
 Event = tuple[Union[str, int], ...]
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 

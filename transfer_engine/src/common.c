@@ -232,11 +232,16 @@ void amdt_event_push(amdt_events *q, int kind, uint32_t file_id, uint64_t offset
     amdt_debug("event %d file %u: %s", kind, file_id, ev.msg);
 
     pthread_mutex_lock(&q->mu);
+    /* Connection-level events can come in storms (a peer refusing connections for hours):
+     * past AMDT_EVENTS_MAX undrained events they are only counted. Events about a file or
+     * a chunk carry state the session needs, and are bounded by the data: always kept. */
+    int droppable = kind == AMDT_EV_CONN_ERROR || kind == AMDT_EV_CONN_REJECTED ||
+                    kind == AMDT_EV_PROTOCOL_ERROR;
+    if (droppable && q->count >= AMDT_EVENTS_MAX) {
+        q->dropped++;
+        goto done;
+    }
     if (q->count == q->cap) {
-        if (q->cap >= AMDT_EVENTS_MAX) {
-            q->dropped++;
-            goto done;
-        }
         size_t new_cap = q->cap ? q->cap * 2 : 64;
         amdt_event *nb = malloc(new_cap * sizeof(*nb));
         if (nb == NULL) {

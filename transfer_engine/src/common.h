@@ -124,7 +124,7 @@ typedef enum amdt_event_kind {
 } amdt_event_kind;
 
 #define AMDT_EVENT_MSG 200
-#define AMDT_EVENTS_MAX 65536 /* beyond this, events are counted as dropped, not stored */
+#define AMDT_EVENTS_MAX 65536 /* beyond this, connection events are only counted */
 
 typedef struct amdt_event {
     int kind;

@@ -13,8 +13,10 @@
  * thread's current state, so a thread blocked for seconds is counted continuously.
  *
  * Throttles (emulated slow devices/links): a per-thread virtual clock and a per-stage
- * shared virtual clock. next = max(now, next) + bytes / rate, reserved before the work and
- * slept off after it; the sleep counts as busy time.
+ * shared virtual clock. next = max(now, next) + bytes / rate; callers reserve and sleep
+ * *before* the work, so an emulated device delivers a chunk at the end of its reserved time.
+ * A clock less than 50 ms behind `now` keeps its schedule (the thread catches up on the time
+ * the work itself or a late wake-up took); the sleep counts as busy time.
  */
 #ifndef AMDT_STAGE_H
 #define AMDT_STAGE_H
@@ -102,9 +104,9 @@ typedef struct amdt_pace {
     uint64_t until_ns; /* 0: no sleep */
     unsigned gen;
 } amdt_pace;
-/* Reserve `bytes` on the thread's and the stage's clocks (call before the work). */
+/* Reserve `bytes` on the thread's and the stage's clocks. */
 amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes);
-/* Sleep off a reservation (call after the work; wakes early on stop or a rate change). */
+/* Sleep until the reservation is due (wakes early on stop or a rate change). */
 void amdt_throttle_wait(amdt_worker *w, amdt_pace pace);
 
 #endif /* AMDT_STAGE_H */
