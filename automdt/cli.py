@@ -23,7 +23,7 @@ EPILOG_EXIT = "Exit codes: see `automdt exit-codes`."
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", metavar="R,N,W", default=None,
-                   help="static read,network,write thread counts (default 4,4,4 when no --policy)")
+                   help="static read,network,write thread counts (with --policy: the starting counts)")
     p.add_argument("--memory", metavar="BYTES", default="256Mi",
                    help="memory cap of each staging buffer, e.g. 512Mi or 1G (default 256Mi)")
     p.add_argument("--chunk-size", metavar="BYTES", default="4Mi", help="chunk size (default 4Mi)")
@@ -66,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("dest")
     _add_engine_options(t)
     t.add_argument("--policy", metavar="SPEC", default=None,
-                   help="thread-count policy: static:R,N,W (or use --threads)")
+                   help="thread-count policy: ppo (the shipped default policy; the default unless --threads is "
+                        "given), PATH.zip or ppo:PATH (a policy from `automdt train`), marlin, falcon, globus "
+                        "(static 4,32,4), static:R,N,W, heuristic, model")
     t.add_argument("--checksum", action="store_true", help="skip files by content digest instead of size+mtime")
     t.add_argument("--max-duration", type=float, metavar="SECONDS",
                    help="stop cleanly after SECONDS (exit 10); the next run resumes")
@@ -155,9 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _resolve_policy(args, max_threads: int):
     from automdt.units import parse_threads
 
-    if args.policy is None:
-        return None, parse_threads(args.threads or "4,4,4")
-    spec = args.policy
+    if args.policy is None and args.threads is not None:
+        return None, parse_threads(args.threads)
+    spec = args.policy or "ppo"
     if spec.startswith("static:"):
         triple = parse_threads(spec[len("static:"):])
         return None, triple
@@ -167,8 +169,8 @@ def _resolve_policy(args, max_threads: int):
         raise AutomdtError(f"policy {spec!r}: only static:R,N,W is available in this build", errors.USAGE) from None
     try:
         pol = make_policy(spec, max_threads=max_threads)
-    except (ValueError, FileNotFoundError) as e:
-        raise AutomdtError(str(e), errors.USAGE) from None
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        raise AutomdtError(str(e).splitlines()[0], errors.USAGE) from None
     start = parse_threads(args.threads) if args.threads else (1, 1, 1)
     return pol, start
 
