@@ -281,6 +281,16 @@ class Sender:
         _check_int("length", length, 1)
         return bool(self._e.requeue(file_id, offset, length))
 
+    def cancel_file(self, file_id: int) -> None:
+        """Drop every chunk of the file not sent yet (queued, requeued or staged).
+
+        Use it when the receiver gives up on a file (``remove_file`` there), so its chunks do
+        not arrive as protocol errors. Frames already being sent finish; no event follows;
+        later ``requeue()`` calls for it return False. :raises KeyError: unknown id.
+        """
+        _check_int("file_id", file_id, 0, 2**32 - 1)
+        self._e.cancel_file(file_id)
+
     def set_threads(self, read: int, net: int) -> tuple[int, int]:
         """Change the read and network thread counts (0 pauses a stage).
 

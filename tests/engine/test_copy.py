@@ -117,6 +117,12 @@ def test_journal_records(rig):
         assert length == min(CHUNK, size - offset)
         seen.add(offset)
     assert seen == {i * CHUNK for i in range(8)}
+    # Chunks sent again after the file is complete are dropped: no write, no journal record.
+    for _ in range(5):
+        r.tx.requeue(1, 0, CHUNK)
+    wait_for(lambda: r.rx.stats().chunks_duplicate == 5, what="5 duplicates dropped")
+    assert os.path.getsize(dst + ".journal") == 8 * 32
+    assert r.rx.stats().chunks_written == 8
 
 
 def test_corruption_hook_and_requeue(rig):

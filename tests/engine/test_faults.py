@@ -279,3 +279,39 @@ def test_receiver_restart_sender_recovers(tmp_path, engines):
             if obj is not None:
                 obj.close()
         os.close(fd)
+
+
+def test_remove_file_waits_for_writers_then_fds_are_free(rig):
+    r = rig(chunk=CHUNK, memory=1 << 20, threads=(1, 2, 3),
+            receiver_kw={"write_throttle": (8 * CHUNK, 0)})
+    src, dst, data = r.add(1, 64 * CHUNK)
+    wait_for(lambda: r.rx.stats().chunks_written >= 3, what="writes in progress")
+    r.rx.remove_file(1)  # returns once no writer is inside pwrite/journal for this file
+    size_after = os.path.getsize(dst)
+    written_after = r.rx.stats().chunks_written
+    time.sleep(0.3)
+    assert os.path.getsize(dst) == size_after
+    assert r.rx.stats().chunks_written == written_after
+    with pytest.raises(KeyError):
+        r.rx.remove_file(1)
+    # Queued chunks of the removed file are dropped; new frames for it are protocol errors.
+    wait_for(lambda: r.rx.stats().chunks_orphaned + r.rx.stats().protocol_errors > 0,
+             what="orphaned chunks or protocol errors")
+    r.tx.close()
+
+
+def test_cancel_file_drops_unsent_chunks(rig):
+    r = rig(chunk=CHUNK, memory=1 << 20, threads=(1, 1, 1),
+            sender_kw={"net_throttle": (8 * CHUNK, 0)})
+    r.add(1, 64 * CHUNK)
+    r.add(2, 3 * CHUNK)
+    wait_for(lambda: r.rx.stats().chunks_written >= 2, what="transfer under way")
+    r.tx.cancel_file(1)
+    wait_for(lambda: 2 in r.done_ids(), what="the other file still completes")
+    wait_for(lambda: r.tx.stats().chunks_pending == 0, what="cancelled chunks dropped")
+    st = r.tx.stats()
+    assert st.chunks_sent < 64 + 3 and st.files_failed == 0
+    assert r.tx.requeue(1, 0, CHUNK) is False
+    assert r.tx_kind("file_error") == []
+    with pytest.raises(KeyError):
+        r.tx.cancel_file(77)

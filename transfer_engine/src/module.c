@@ -298,6 +298,22 @@ static PyObject *Sender_requeue(SenderObject *self, PyObject *args)
     return PyBool_FromLong(rc == 1);
 }
 
+static PyObject *Sender_cancel_file(SenderObject *self, PyObject *args)
+{
+    long long id;
+    if (!Sender_ok(self))
+        return NULL;
+    if (!PyArg_ParseTuple(args, "L", &id))
+        return NULL;
+    if (amdt_check_u32(id, "file_id") != 0)
+        return NULL;
+    if (amdt_sender_cancel_file(self->s, (uint32_t)id) != 0) {
+        PyErr_Format(PyExc_KeyError, "unknown file id %lld", id);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *Sender_set_threads(SenderObject *self, PyObject *args)
 {
     int nr, nn, old_r = 0, old_n = 0;
@@ -401,6 +417,8 @@ static PyMethodDef Sender_methods[] = {
     {"add_file", (PyCFunction)Sender_add_file, METH_VARARGS,
      "add_file(file_id, path, size, mtime_ns, ranges=None)"},
     {"requeue", (PyCFunction)Sender_requeue, METH_VARARGS, "requeue(file_id, offset, length) -> bool"},
+    {"cancel_file", (PyCFunction)Sender_cancel_file, METH_VARARGS,
+     "cancel_file(file_id): drop the file's chunks not sent yet"},
     {"set_threads", (PyCFunction)Sender_set_threads, METH_VARARGS,
      "set_threads(read, net) -> (old_read, old_net)"},
     {"set_throttle", (PyCFunction)Sender_set_throttle, METH_VARARGS,

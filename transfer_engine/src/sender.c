@@ -381,6 +381,27 @@ static int amdt_fail_file_locked(amdt_sender *s, amdt_sfile *f)
     return 1;
 }
 
+int amdt_sender_cancel_file(amdt_sender *s, uint32_t id)
+{
+    int fd = -1;
+    pthread_mutex_lock(&s->mu);
+    amdt_sfile *f = amdt_map_get(&s->files, id);
+    if (f == NULL) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
+    if (amdt_fail_file_locked(s, f))
+        s->files_failed--; /* cancelled on request: not a failure of this engine */
+    if (f->readers == 0 && f->fd >= 0) {
+        fd = f->fd;
+        f->fd = -1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (fd >= 0)
+        close(fd);
+    return 0;
+}
+
 /* A reader is done with its ticket: maybe close the file's fd. Caller holds s->mu.
  * Returns the fd to close (outside the lock) or -1. */
 static int amdt_release_ticket_locked(amdt_sfile *f)

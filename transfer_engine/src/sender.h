@@ -102,6 +102,9 @@ int amdt_sender_add_file(amdt_sender *s, uint32_t id, const char *path, uint64_t
 /* 1 queued; 0 ignored (the file failed); -1 unknown id; -2 invalid range (err); -3 ENOMEM. */
 int amdt_sender_requeue(amdt_sender *s, uint32_t id, uint64_t offset, uint64_t length,
                         char *err, size_t errlen);
+/* Drop every chunk of the file not yet sent (queued, requeued or staged); frames being
+ * sent finish. No event. 0 ok; -1 unknown id. */
+int amdt_sender_cancel_file(amdt_sender *s, uint32_t id);
 /* Returns 0 or an errno from pthread_create. */
 int amdt_sender_set_threads(amdt_sender *s, int nread, int nnet, int *old_read, int *old_net);
 void amdt_sender_set_fault_corrupt(amdt_sender *s, int n);
