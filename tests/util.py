@@ -23,6 +23,8 @@ def trees_identical(a, b):
 
 def run_cli(*args, timeout=120, env=None, check_json=True):
     """Run `python -m automdt ...`; returns (exit code, parsed --json summary or None, stderr)."""
+    if args and args[0] == "transfer" and "--threads" not in args and "--policy" not in args:
+        args = args + ("--threads", "2,2,2")  # static counts unless the test is about policies
     e = dict(os.environ)
     e.update(env or {})
     p = subprocess.run([sys.executable, "-m", "automdt", *args], capture_output=True, text=True, timeout=timeout, env=e)

@@ -50,7 +50,7 @@ def test_overlapping_runs_second_exits_lock_busy_at_once(make_tree, tmp_path):
     src = make_tree({"a.bin": 64 * CHUNK})
     dst = tmp_path / "dst"
     lock = tmp_path / "job.lock"
-    first = subprocess.Popen([sys.executable, "-m", "automdt", "transfer", src, str(dst), "-q", "--lock-file", str(lock),
+    first = subprocess.Popen([sys.executable, "-m", "automdt", "transfer", src, str(dst), "-q", "--threads", "2,2,2", "--lock-file", str(lock),
                               "--throttle", "read.total=1M", "--chunk-size", str(CHUNK)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -250,7 +250,7 @@ def test_sigkill_remote_receiver_then_resume(make_tree, receiver_proc, tmp_path)
     p, port = start()
     files = {f"f{i}.bin": 64 * CHUNK for i in range(3)}
     src = make_tree(files)
-    args = [sys.executable, "-m", "automdt", "transfer", src, f"127.0.0.1:{port}/x", "--secret-file", str(secret),
+    args = [sys.executable, "-m", "automdt", "transfer", src, f"127.0.0.1:{port}/x", "--threads", "2,2,2", "--secret-file", str(secret),
             "--chunk-size", str(CHUNK), "--memory", "1Mi", "--throttle", "write.total=3M", "-q", "--timeout", "3"]
     sender = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _kill_when_partial(p, root, 1 << 20)
