@@ -33,11 +33,12 @@ def test_flipped_payload_byte_is_detected_and_resent(make_tree, tmp_path):
     src = make_tree(FILES)
     dst = str(tmp_path / "dst")
     guard = Outside(tmp_path, [dst])
-    with ChaosProxy([Plan("flip", at=frame_payload_offset(0, CHUNK, 100))]) as px:
+    # byte 100 of the first frame's payload, on each of the first three connections
+    with ChaosProxy([Plan("flip", at=frame_payload_offset(0, CHUNK, 100))] * 3) as px:
         s, _ = _run(src, dst, px)
-    assert px.fired == 1
+    assert px.fired >= 1
     _complete(src, dst, s)
-    assert s.chunks_resent >= 1 and s.integrity_failures == 0
+    assert s.chunks_resent >= px.fired and s.integrity_failures == 0
     guard.check()
 
 
@@ -65,9 +66,9 @@ def test_flipped_frame_header_field_is_refused_or_resent(make_tree, tmp_path, fi
     src = make_tree(FILES)
     dst = str(tmp_path / "dst")
     guard = Outside(tmp_path, [dst])
-    with ChaosProxy([Plan("frames", frames=[1], target="header", frame_byte=byte, xor=xor)]) as px:
+    with ChaosProxy([Plan("frames", frames=[1], target="header", frame_byte=byte, xor=xor)] * 3) as px:
         s, _ = _run(src, dst, px)
-    assert px.fired == 1
+    assert px.fired >= 1
     _complete(src, dst, s)
     guard.check()
 
@@ -139,8 +140,8 @@ def test_connection_cut_inside_a_frame_is_recovered(make_tree, tmp_path, kind, w
     dst = str(tmp_path / "dst")
     guard = Outside(tmp_path, [dst])
     at = frame_payload_offset(2, CHUNK, 1000) if where == "payload" else frame_payload_offset(2, CHUNK, 0) - HDR_LEN + 7
-    # the first two connections are cut; later (reconnected) ones pass
-    with ChaosProxy([Plan(kind, at=at), Plan(kind, at=at + 5 * (HDR_LEN + CHUNK))]) as px:
+    # the first three connections are cut (the second one later); reconnected ones pass
+    with ChaosProxy([Plan(kind, at=at), Plan(kind, at=at + 5 * (HDR_LEN + CHUNK)), Plan(kind, at=at)]) as px:
         s, _ = _run(src, dst, px)
     assert px.fired >= 1
     _complete(src, dst, s)
@@ -184,8 +185,9 @@ def test_stalled_connection_is_handled_within_the_stall_limit(make_tree, tmp_pat
     src = make_tree(FILES)
     dst = str(tmp_path / "dst")
     guard = Outside(tmp_path, [dst])
-    with ChaosProxy([Plan("stall", at=frame_payload_offset(1, CHUNK, 1000))]) as px:
+    with ChaosProxy([Plan("stall", at=frame_payload_offset(0, CHUNK, 1000))]) as px:
         s, took = _run(src, dst, px, stall_s=3, timeout_s=5)
+    assert px.fired == 1
     assert s.exit_code in (0, errors.NETWORK), s.errors
     assert took < 3 + 8, took
     assert_final_names_ok(dst, source_versions(src))
@@ -199,7 +201,7 @@ def test_stalled_connection_is_handled_within_the_stall_limit(make_tree, tmp_pat
 def test_temporary_stall_recovers(make_tree, tmp_path):
     src = make_tree(FILES)
     dst = str(tmp_path / "dst")
-    with ChaosProxy([Plan("stall", at=frame_payload_offset(1, CHUNK, 1000), stall_s=1.5)]) as px:
+    with ChaosProxy([Plan("stall", at=frame_payload_offset(1, CHUNK, 1000), stall_s=1.5)] * 3) as px:
         s, took = _run(src, dst, px, stall_s=8)
-    assert px.fired == 1
+    assert px.fired >= 1
     _complete(src, dst, s)
