@@ -469,8 +469,14 @@ class _Transfer:
         self._receiver_failed(fid, code, message)
 
     def _receiver_failed(self, fid: int, code: int, message: str, tell: bool = True) -> None:
-        if self.active.pop(fid, None) is None and fid in self.pending:
+        was_active = self.active.pop(fid, None) is not None
+        if not was_active and fid in self.pending:
             self.pending.remove(fid)
+        if was_active and self.engine is not None:
+            try:
+                self.engine.cancel_file(fid)  # its queued chunks are dropped, nothing more is sent
+            except (KeyError, RuntimeError):
+                pass
         self.summary.files_failed += 1
         self.fail(code, message)
         if tell:
