@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
+import ctypes
+import re
 import json
 import os
 import platform
@@ -43,7 +46,7 @@ from itertools import zip_longest
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from netns import NetnsPair, netns_available, rate_bits  # noqa: E402
+from netns import NetnsPair, netns_available, rate_bits, reap_stale  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -73,6 +76,13 @@ def fmt_size(n: int) -> str:
 
 
 # ---------------------------------------------------------------------- processes
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent() -> None:
+    _LIBC.prctl(1, signal.SIGTERM, 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
+
+
 class Procs:
     """Every process this script starts, so that each is ended by its own PID."""
 
@@ -81,7 +91,9 @@ class Procs:
         self.lock = threading.Lock()
 
     def start(self, argv: Sequence[str], **kw) -> subprocess.Popen:
-        p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, **kw)
+        # PR_SET_PDEATHSIG: servers get SIGTERM if this script dies without its clean-up (SIGKILL,
+        # OOM killer). Popen is only called from the main thread, whose exit is what it watches.
+        p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent, **kw)
         with self.lock:
             self.live[p.pid] = p
         return p
@@ -202,11 +214,14 @@ def mem_available() -> int:
     return 0
 
 
+MARGIN = 2 * GiB   # left free for the other users of this machine
+
+
 def room_for(nbytes: int) -> Tuple[bool, str]:
-    """tmpfs pages are RAM: need the bytes in /dev/shm and in MemAvailable, plus 1 GiB."""
+    """tmpfs pages are RAM: need the bytes in /dev/shm and in MemAvailable, plus MARGIN."""
     free = shutil.disk_usage(SHM).free
     avail = mem_available()
-    need = nbytes + GiB
+    need = nbytes + MARGIN
     if free < need or avail < need:
         return False, (f"not enough room in {SHM}: need {fmt_size(need)}, {fmt_size(free)} free in {SHM}, "
                        f"{fmt_size(avail)} memory available")
@@ -228,6 +243,38 @@ def fresh_dir(path: str, owner: Optional[int] = None) -> str:
     if owner is not None:
         os.chown(path, owner, -1)
     return path
+
+
+def clear_dir(path: str) -> None:
+    """Remove what is inside ``path`` (the directory itself stays)."""
+    for entry in os.listdir(path):
+        p = os.path.join(path, entry)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            os.unlink(p)
+
+
+@contextlib.contextmanager
+def destination(path: str, ds: "Dataset", owner: Optional[int] = None, keep_dir: bool = False):
+    """A fresh, empty destination for one run, removed again right after it, so that only one
+    destination copy exists at any time; refuses to start when tmpfs/memory has no room for it."""
+    if keep_dir:
+        clear_dir(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+    ok, why = room_for(ds.total)
+    if not ok:
+        raise RuntimeError(why)
+    if not keep_dir:
+        fresh_dir(path, owner)
+    try:
+        yield path
+    finally:
+        if keep_dir:
+            clear_dir(path)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class Dataset:
@@ -274,6 +321,16 @@ class Data:
             say(f"  (generated {ds.label()} of random data in {time.perf_counter() - t0:.1f} s)")
         self.sets[name] = ds
         return ds
+
+    def release(self, name: str) -> None:
+        """Delete a generated dataset that no later section needs (tmpfs is memory)."""
+        ds = self.sets.pop(name, None)
+        if ds is not None:
+            shutil.rmtree(ds.path, ignore_errors=True)
+            try:
+                os.unlink(ds.path + ".complete")
+            except FileNotFoundError:
+                pass
 
     @staticmethod
     def _generate(path: str, nfiles: int, size: int) -> None:
@@ -439,11 +496,9 @@ def section_link(b: Bench) -> Dict[str, Any]:
 
         for n in streams_list:
             def ours(n=n) -> float:
-                for entry in os.listdir(root):   # a fresh destination tree for every run
-                    p = os.path.join(root, entry)
-                    shutil.rmtree(p) if os.path.isdir(p) else os.unlink(p)
-                r = b.ours(ds, f"{link.addr_b}:{rport}", f"2,{n},2", prefix=in_a,
-                           extra=["--secret-file", secret], verify=root)
+                with destination(root, ds, keep_dir=True):   # the receiver's root stays
+                    r = b.ours(ds, f"{link.addr_b}:{rport}", f"2,{n},2", prefix=in_a,
+                               extra=["--secret-file", secret], verify=root)
                 return gbit(r["bytes"], r["engine_s"])
 
             def peer(n=n) -> float:
@@ -484,8 +539,8 @@ def section_loopback(b: Bench) -> Dict[str, Any]:
         dest = os.path.join(b.scratch, "loop-dst")
         for n in streams_list:
             def ours(n=n) -> float:
-                fresh_dir(dest)
-                r = b.ours(ds, dest, f"2,{n},2", verify=dest)
+                with destination(dest, ds):
+                    r = b.ours(ds, dest, f"2,{n},2", verify=dest)
                 return gbit(r["bytes"], r["engine_s"])
 
             def ip128(n=n) -> float:
@@ -533,12 +588,12 @@ class Rsync:
         rel = os.path.relpath(ds.path, self.b.data_root)
 
         def push() -> float:
-            shutil.rmtree(dst, ignore_errors=True)
-            return self._run(["rsync"] + flags + [ds.path + "/", f"{url}/dst/d/"], ds, dst)
+            with destination(dst, ds):
+                return self._run(["rsync"] + flags + [ds.path + "/", f"{url}/dst/d/"], ds, dst)
 
         def pull() -> float:
-            shutil.rmtree(dst, ignore_errors=True)
-            return self._run(["rsync"] + flags + [f"{url}/src/{rel}/", dst + "/"], ds, dst)
+            with destination(dst, ds):
+                return self._run(["rsync"] + flags + [f"{url}/src/{rel}/", dst + "/"], ds, dst)
 
         return [("rsync push -a -W --inplace", push), ("rsync pull -a -W --inplace", pull)]
 
@@ -579,13 +634,14 @@ class GridFTP:
         combos = [(2, 2), (4, 4)] if ds.nfiles <= 16 else [(4, 1), (8, 2)]
         for cc, p in combos:
             def run(cc=cc, p=p) -> float:
-                fresh_dir(self.dst, owner=self.uid)
-                argv = ["globus-url-copy", "-cc", str(cc), "-p", str(p), "-fast", "-r",
-                        f"file://{ds.path}/", f"{url}{self.dst}/"]
-                r = run_timed(argv, timeout_for(ds.total), self.b.scratch)
-                if r.rc != 0:
-                    raise RuntimeError(f"globus-url-copy exit {r.rc}: {(r.stderr or r.stdout).strip()[-300:]}")
-                self.b.check_tree(self.dst, ds, "globus-url-copy")
+                with destination(self.dst, ds, owner=self.uid):
+                    argv = ["globus-url-copy", "-cc", str(cc), "-p", str(p), "-fast", "-r",
+                            f"file://{ds.path}/", f"{url}{self.dst}/"]
+                    r = run_timed(argv, timeout_for(ds.total), self.b.scratch)
+                    if r.rc != 0:
+                        raise RuntimeError(f"globus-url-copy exit {r.rc}: "
+                                           f"{(r.stderr or r.stdout).strip()[-300:]}")
+                    self.b.check_tree(self.dst, ds, "globus-url-copy")
                 return gbit(ds.total, r.wall)
             out.append((f"globus-url-copy -cc {cc} -p {p} -fast", run))
         return out
@@ -633,8 +689,8 @@ def section_datasets(b: Bench) -> Dict[str, Any]:
                     engine[key] = []
 
                     def run(t=t, c=c, key=key) -> float:
-                        fresh_dir(dest)
-                        r = b.ours(ds, dest, t, chunk=c, verify=dest)
+                        with destination(dest, ds):
+                            r = b.ours(ds, dest, t, chunk=c, verify=dest)
                         engine[key].append(gbit(r["bytes"], r["engine_s"]))
                         return gbit(r["bytes"], r["wall_s"])
                     ours_list.append((key, run))
@@ -688,8 +744,8 @@ def section_memory(b: Bench) -> Dict[str, Any]:
 
     def mk(cap: str) -> Callable[[], float]:
         def run() -> float:
-            fresh_dir(dest)
-            r = b.ours(ds, dest, threads, memory=cap, verify=dest)
+            with destination(dest, ds):
+                r = b.ours(ds, dest, threads, memory=cap, verify=dest)
             rss[cap].append(r["maxrss_kib"] / 1024)
             speed[cap].append(gbit(r["bytes"], r["engine_s"]))
             return r["maxrss_kib"] / 1024
@@ -723,6 +779,7 @@ TITLES = {
     "datasets": "3. Datasets, tmpfs to tmpfs: automdt vs rsync daemon and GridFTP",
     "memory": "4. Memory: peak RSS vs the staging-buffer caps (two buffers in local mode)",
 }
+NEEDS = {"link": {"large"}, "loopback": {"large"}, "datasets": {"large", "small"}, "memory": {"large"}}
 RUNNERS = {"link": section_link, "loopback": section_loopback, "datasets": section_datasets,
            "memory": section_memory}
 
@@ -751,8 +808,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
+def reap_stale_runs() -> None:
+    """Remove what an earlier run of this script left when it was killed outright: its scratch
+    directory (named after its PID) and its namespaces, if that PID is gone."""
+    for name in os.listdir(SHM):
+        m = re.match(r"^automdt-bench-(\d+)$", name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            shutil.rmtree(os.path.join(SHM, name), ignore_errors=True)
+            say(f"(removed {SHM}/{name}, left by a killed run)")
+    for ns in reap_stale():
+        say(f"(removed namespace {ns}, left by a killed run)")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    reap_stale_runs()
 
     def on_term(signum, frame):
         raise SystemExit(128 + signum)
@@ -779,6 +849,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if "skipped" in res:
                 say(f"  skipped: {res['skipped']}")
             res["seconds"] = round(time.perf_counter() - t0, 1)
+            if not args.keep and not args.data_dir:
+                later = args.sections[args.sections.index(sec) + 1:]
+                needed = set().union(*(NEEDS[s] for s in later)) if later else set()
+                for name in list(bench.data.sets):
+                    if name not in needed:
+                        bench.data.release(name)
             bench.results[sec] = res
             say(f"  ({res['seconds']:.0f} s)")
         total = time.perf_counter() - t_start

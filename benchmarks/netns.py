@@ -56,6 +56,23 @@ def netns_available() -> Tuple[bool, str]:
     return True, ""
 
 
+def reap_stale(prefix: str = "amdt") -> List[str]:
+    """Delete namespaces left by a NetnsPair(prefix=...) whose creating process is gone (it was
+    SIGKILLed before its clean-up ran). Returns the names deleted. Only names of exactly this
+    module's pattern are touched."""
+    if netns_available()[0] is False:
+        return []
+    pat = re.compile(rf"^{re.escape(prefix)}[AB]-(\d+)-[0-9a-f]{{6}}$")
+    gone = []
+    for line in _run(["ip", "netns", "list"], check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = pat.match(name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            if _run(["ip", "netns", "del", name], check=False).returncode == 0:
+                gone.append(name)
+    return gone
+
+
 class NetnsPair:
     """Namespaces A and B, veth ``a`` in A (addr_a) and ``b`` in B (addr_b), a /30 between them.
 
@@ -67,7 +84,8 @@ class NetnsPair:
         if qdisc not in ("tbf", "htb"):
             raise ValueError("qdisc must be tbf or htb")
         tag = uuid.uuid4().hex[:6]
-        self.ns_a, self.ns_b = f"{prefix}A{tag}", f"{prefix}B{tag}"
+        # the creator's PID in the name lets reap_stale() remove namespaces of a killed run
+        self.ns_a, self.ns_b = f"{prefix}A-{os.getpid()}-{tag}", f"{prefix}B-{os.getpid()}-{tag}"
         # interface names are at most 15 characters
         self.if_a, self.if_b = f"{prefix[:4]}a{tag}", f"{prefix[:4]}b{tag}"
         self.addr_a, self.addr_b = addr_a, addr_b
