@@ -183,6 +183,8 @@ class PPOPolicy:
         self.train_max_threads = int(self.metadata.get("max_threads", 32))
         self.max_threads = self.train_max_threads
         self._encoder = ObservationEncoder(self.train_max_threads)
+        self.frame_stack = int(self.metadata.get("frame_stack", 1))
+        self._stack = np.zeros(self.frame_stack * self._encoder.observation_space.shape[0], dtype=np.float32)
         self._gen_state: Optional[th.Tensor] = None
 
     @classmethod
@@ -208,7 +210,10 @@ class PPOPolicy:
         if meta.get("sha256") and meta["sha256"] != digest:
             raise _not_a_policy(p, f"sha256 {digest[:12]}... does not match its metadata {str(meta['sha256'])[:12]}...")
 
-        obs_space, act_space = _simulator_spaces()
+        stack = meta.get("frame_stack", 1)
+        if not isinstance(stack, int) or not 1 <= stack <= 64:
+            raise _not_a_policy(p, f"bad frame_stack {stack!r} in its metadata")
+        obs_space, act_space = _simulator_spaces(stack)
         for key, space in (("observation_space", obs_space), ("action_space", act_space)):
             if meta.get(key) != _space_to_json(space):
                 raise _not_a_policy(
@@ -248,6 +253,7 @@ class PPOPolicy:
             raise ValueError(f"max_threads must be >= 1, got {max_threads}")
         self.max_threads = int(max_threads)
         self._encoder.reset()
+        self._stack[:] = 0.0
         if seed is not None:
             with th.random.fork_rng(devices=[]):
                 th.manual_seed(int(seed))
@@ -258,7 +264,13 @@ class PPOPolicy:
 
     def act(self, obs: Observation) -> Triple:
         """Return the thread counts for the next interval."""
-        x = self._encoder.encode(obs)
+        enc = self._encoder.encode(obs)
+        if self.frame_stack > 1:  # exactly as SB3 VecFrameStack: shift left, newest last
+            self._stack = np.roll(self._stack, -enc.shape[0])
+            self._stack[-enc.shape[0]:] = enc
+            x = self._stack
+        else:
+            x = enc
         if self.deterministic:
             action, _ = self.network.predict(x, deterministic=True)
         else:
@@ -275,9 +287,16 @@ class PPOPolicy:
         return f"<PPOPolicy{where} deterministic={self.deterministic}>"
 
 
-def _simulator_spaces() -> "tuple[spaces.Space, spaces.Space]":
-    """Observation and action spaces of the current simulator (they do not depend on the profile)."""
-    return make_observation_space(), make_action_space()
+def _simulator_spaces(frame_stack: int = 1) -> "tuple[spaces.Space, spaces.Space]":
+    """Observation and action spaces of the current simulator (they do not depend on the profile).
+
+    With ``frame_stack`` > 1 the observation is that many encodings side by side, oldest first
+    (SB3 ``VecFrameStack`` on a 1-D ``Box``).
+    """
+    obs = make_observation_space()
+    if frame_stack > 1:
+        obs = spaces.Box(low=np.tile(obs.low, frame_stack), high=np.tile(obs.high, frame_stack), dtype=obs.dtype)
+    return obs, make_action_space()
 
 
 def load_policy(path_or_name: Union[str, os.PathLike], *, deterministic: bool = True) -> PPOPolicy:

@@ -43,6 +43,7 @@ __all__ = [
     "train",
     "evaluate",
     "held_out_random_profiles",
+    "bottleneck_profiles",
     "DEFAULT_TIMESTEPS",
     "DEFAULT_TIMESTEPS_RANDOM",
 ]
@@ -95,6 +96,9 @@ class PPOConfig:
     """Control intervals per simulated episode."""
     torch_threads: int = 1
     """``torch.set_num_threads`` during training (fixed, so results are reproducible)."""
+    frame_stack: int = 1
+    """Encoded observations the network sees at once (SB3 ``VecFrameStack``; 1 = the last only).
+    More history lets a policy probe (step, look, step back) without a recurrent network."""
 
     def policy_kwargs(self) -> Dict[str, Any]:
         """The ``policy_kwargs`` recorded in the metadata (JSON form: activation by name)."""
@@ -169,6 +173,32 @@ def held_out_random_profiles(count: int, max_threads: int = 32, interval_s: floa
     return out
 
 
+def bottleneck_profiles(max_threads: int = 32, noise: float = 0.03) -> List[Tuple[str, Profile]]:
+    """Three hand-written paths, one per bottleneck, for reports and benchmarks.
+
+    They are not drawn from :meth:`Profile.random` and no training run evaluates on them by
+    default, so they are held out from both the training distribution's seeds and model selection.
+    Rates in MB/s (per thread, stage bandwidth); 512 MiB staging buffers.
+
+    * ``read-bound``: source disk 40 per reader up to 400; network 150/1500; destination 120/1200.
+    * ``net-bound``: 75 per TCP connection up to 1200 (~10 Gbit/s); disks 250/2500 and 200/2000.
+    * ``write-bound``: destination disk 30 per writer up to 600; source 300/3000; network 400/4000.
+    """
+    mb = 1e6
+
+    def prof(r: Tuple[float, float], n: Tuple[float, float], w: Tuple[float, float]) -> Profile:
+        return Profile(read=StageProfile(r[0] * mb, r[1] * mb), net=StageProfile(n[0] * mb, n[1] * mb),
+                       write=StageProfile(w[0] * mb, w[1] * mb), sender_buffer=512 * 2**20,
+                       receiver_buffer=512 * 2**20, max_threads=max_threads, noise=noise,
+                       meta={"name": "bottleneck_profiles"})
+
+    return [
+        ("read-bound", prof((40, 400), (150, 1500), (120, 1200))),
+        ("net-bound", prof((250, 2500), (75, 1200), (200, 2000))),
+        ("write-bound", prof((300, 3000), (400, 4000), (30, 600))),
+    ]
+
+
 def evaluate(
     policy: Any,
     profiles: Sequence[Tuple[str, Profile]],
@@ -220,6 +250,8 @@ def train(
     k: float = 1.02,
     random_profiles: bool = False,
     randomize: float = 0.1,
+    random_start: bool = False,
+    noise: Optional[float] = None,
     progress: bool = True,
     target_fraction: Optional[float] = 0.95,
     max_seconds: Optional[float] = None,
@@ -241,6 +273,10 @@ def train(
     :param k: utility base per thread.
     :param random_profiles: a fresh random profile per episode (a general policy).
     :param randomize: relative jitter of TPT and B at each episode (robustness to fit errors).
+    :param random_start: start training episodes from random thread counts and buffer fills
+        instead of (1, 1, 1) and empty buffers (where a transfer, and every evaluation, starts).
+    :param noise: capacity noise (relative std per interval) of the training environments;
+        ``None``: each (random) profile's own. Evaluations always use the profiles' own noise.
     :param progress: show a rich progress bar.
     :param target_fraction: stop once the evaluation reaches this fraction of the oracle's
         utility (mean over the evaluation profiles); ``None``: train the whole budget.
@@ -258,6 +294,7 @@ def train(
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.utils import set_random_seed
+    from stable_baselines3.common.vec_env import VecFrameStack
 
     import automdt
     from automdt.agents import ppo as ppo_mod
@@ -293,12 +330,14 @@ def train(
     set_random_seed(seed)  # python `random`, numpy global, torch
     venv = BatchedSimVecEnv(
         num_envs=cfg.num_envs, profile=profile, k=k, episode_steps=cfg.episode_steps,
-        randomize=randomize, random_profiles=random_profiles, random_start=True, seed=seed,
+        randomize=randomize, random_profiles=random_profiles, random_start=random_start, noise=noise,
+        seed=seed,
     )
     venv.seed(seed)  # env i gets seed + i at the first reset (SB3 VecEnv semantics)
+    train_env = VecFrameStack(venv, cfg.frame_stack) if cfg.frame_stack > 1 else venv
     policy_kwargs_json = cfg.policy_kwargs()
     model = PPO(
-        "MlpPolicy", venv,
+        "MlpPolicy", train_env,
         n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
         learning_rate=cfg.learning_rate, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
         clip_range=cfg.clip_range, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
@@ -313,7 +352,7 @@ def train(
 
     t0 = time.perf_counter()
     eval_policy = ppo_mod.PPOPolicy(model.policy, deterministic=True,
-                                    metadata={"max_threads": profile.max_threads})
+                                    metadata={"max_threads": profile.max_threads, "frame_stack": cfg.frame_stack})
     curve: List[EvalPoint] = []
     state: Dict[str, Any] = {
         "best": -math.inf, "best_state": None, "best_ts": 0, "best_eval": None,
@@ -396,7 +435,7 @@ def train(
     best_eval = state["best_eval"]
     reached = target_fraction is not None and state["best"] >= target_fraction
 
-    obs_space, act_space = sim_env.make_observation_space(), sim_env.make_action_space()
+    obs_space, act_space = ppo_mod._simulator_spaces(cfg.frame_stack)
     meta: Dict[str, Any] = {
         "format": ppo_mod.POLICY_FORMAT,
         "algorithm": "PPO",
@@ -407,12 +446,15 @@ def train(
         "observation_names": list(sim_env.OBS_NAMES),
         "action_names": list(sim_env.ACTION_NAMES),
         "policy_kwargs": policy_kwargs_json,
+        "frame_stack": int(cfg.frame_stack),
         "start_threads": [1, 1, 1],
         "k": float(k),
         "max_threads": int(profile.max_threads),
         "interval_s": float(profile.interval_s),
         "random_profiles": bool(random_profiles),
         "randomize": float(randomize),
+        "random_start": bool(random_start),
+        "noise": noise,
         "profile": None if random_profiles else profile.to_dict(include_samples=False),
         "seed": int(seed),
         "timesteps": trained,
@@ -437,7 +479,7 @@ def train(
     os.replace(tmp, meta_path)
     _write_curve(curve, csv_path, png_path, target_fraction,
                  title=("random profiles" if random_profiles else "one profile") + f", seed {seed}")
-    venv.close()
+    train_env.close()
     return TrainReport(
         model_path=model_path, metadata_path=meta_path, curve_csv=csv_path, curve_png=png_path,
         timesteps=trained, wall_s=wall_s, fraction_of_oracle=float(state["best"]),

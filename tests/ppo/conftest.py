@@ -25,8 +25,9 @@ def tiny_train(out, seed=0, **kw):
     kw.setdefault("eval_every", 512)
     kw.setdefault("eval_steps", 20)
     kw.setdefault("progress", False)
+    kw.setdefault("config", tiny_config())
     kw.setdefault("target_fraction", None)
-    return train(Profile.default(), out, seed=seed, config=tiny_config(), **kw)
+    return train(Profile.default(), out, seed=seed, **kw)
 
 
 def held_out_profiles():

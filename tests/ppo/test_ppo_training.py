@@ -28,10 +28,12 @@ def test_tiny_training_writes_zip_json_csv_png(tiny_policy):
 
 
 def test_metadata_describes_the_run(tiny_policy):
+    from automdt.simulator.env import OBS_DIM
+
     meta = json.loads(tiny_policy.metadata_path.read_text())
     assert meta["format"] == "automdt-ppo/1"
     assert meta["env_id"] == "automdt/BufferSim-v0"
-    assert meta["observation_space"]["type"] == "Box" and meta["observation_space"]["shape"] == [14]
+    assert meta["observation_space"]["type"] == "Box" and meta["observation_space"]["shape"] == [OBS_DIM]
     assert meta["action_space"] == {"type": "MultiDiscrete", "nvec": [5, 5, 5], "start": [0, 0, 0]}
     assert meta["k"] == 1.02 and meta["max_threads"] == 32 and meta["seed"] == 0
     assert meta["timesteps"] == tiny_policy.timesteps
