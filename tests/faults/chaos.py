@@ -42,6 +42,8 @@ class Plan:
     frames: Optional[Sequence[int]] = None
     frame_byte: int = 0
     target: str = "payload"
+    limit: Optional[int] = None
+    """Fire on at most this many connections (whichever get there first); None: every one."""
     rewrite: Optional[Callable[[int, tuple], Optional[tuple]]] = None
     """``target="header"``: (frame index, (magic, file_id, offset, length, flags, hash)) -> new fields."""
 
@@ -140,6 +142,7 @@ class ChaosProxy:
         self.records: List[ConnRecord] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._fires: Dict[int, int] = {}
         self._socks: List[socket.socket] = []
         self._threads: List[threading.Thread] = []
         self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -187,6 +190,16 @@ class ChaosProxy:
         return sum(1 for r in self.records if r.fired)
 
     # -- internals
+    def _may_fire(self, plan: Plan) -> bool:
+        if plan.limit is None:
+            return True
+        with self._lock:
+            n = self._fires.get(id(plan), 0)
+            if n >= plan.limit:
+                return False
+            self._fires[id(plan)] = n + 1
+            return True
+
     def _track(self, s: socket.socket) -> None:
         with self._lock:
             self._socks.append(s)
@@ -285,9 +298,11 @@ class ChaosProxy:
                     # (the tracker may hold back an incomplete header)
                     buf = tracker.process(buf)
                 elif plan.kind == "flip" and not rec.fired and pos <= plan.at < pos + len(buf):
-                    buf[plan.at - pos] ^= plan.xor
-                    rec.fired = True
-                elif plan.kind in ("truncate", "reset", "stall") and not rec.fired and pos + len(buf) > plan.at:
+                    if self._may_fire(plan):
+                        buf[plan.at - pos] ^= plan.xor
+                        rec.fired = True
+                elif (plan.kind in ("truncate", "reset", "stall") and not rec.fired and pos + len(buf) > plan.at
+                      and self._may_fire(plan)):
                     keep = plan.at - pos
                     if keep and not self._send_all(u, buf[:keep]):
                         self._close_pair(c, u, rst=True)

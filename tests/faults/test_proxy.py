@@ -185,7 +185,7 @@ def test_stalled_connection_is_handled_within_the_stall_limit(make_tree, tmp_pat
     src = make_tree(FILES)
     dst = str(tmp_path / "dst")
     guard = Outside(tmp_path, [dst])
-    with ChaosProxy([Plan("stall", at=frame_payload_offset(0, CHUNK, 1000))]) as px:
+    with ChaosProxy([], default=Plan("stall", at=frame_payload_offset(0, CHUNK, 1000), limit=1)) as px:
         s, took = _run(src, dst, px, stall_s=3, timeout_s=5)
     assert px.fired == 1
     assert s.exit_code in (0, errors.NETWORK), s.errors
