@@ -1,0 +1,144 @@
+"""Matplotlib (Agg) figures of the experiments; every function writes one PNG and returns its path."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+STAGE_COLORS = {"read": "tab:red", "net": "tab:green", "write": "tab:blue"}
+POLICY_COLORS = {
+    "ppo": "tab:blue", "marlin": "tab:orange", "falcon": "tab:green", "globus": "tab:red",
+    "static": "tab:purple", "heuristic": "tab:brown", "model": "tab:pink", "oracle": "tab:gray",
+}
+MB = 1e6
+
+
+def _col(rows: Sequence[Dict[str, Any]], key: str) -> np.ndarray:
+    return np.array([float(r[key]) if r.get(key) is not None else np.nan for r in rows])
+
+
+def _color(policy: str, i: int) -> str:
+    return POLICY_COLORS.get(policy, f"C{i % 10}")
+
+
+def timeseries_grid(path: str, title: str, runs: Sequence[Any], achievable_bps: float,
+                    optimum: Sequence[int]) -> str:
+    """One row per run: thread counts (left) and stage throughputs (right) over time.
+
+    ``runs``: objects with ``policy`` and ``rows`` (flattened interval records).
+    """
+    n = max(1, len(runs))
+    fig, axes = plt.subplots(n, 2, figsize=(11, 2.1 * n + 0.8), squeeze=False, sharex=True)
+    for i, r in enumerate(runs):
+        t = _col(r.rows, "t")
+        ax_t, ax_x = axes[i]
+        for s, opt, dy in zip(("read", "net", "write"), optimum, (0.12, 0.0, -0.12)):
+            # threads of the interval ending at t (step "pre"), from t = 0; offset so equal counts stay visible
+            n = _col(r.rows, f"threads_{s}")
+            tt = np.concatenate([[0.0], t]) if len(t) else t
+            nn = np.concatenate([n[:1], n]) if len(n) else n
+            ax_t.step(tt, nn + dy, where="pre", color=STAGE_COLORS[s], label=s, lw=1.5)
+            ax_t.axhline(opt, color=STAGE_COLORS[s], ls=":", lw=0.8)
+            ax_x.plot(t, _col(r.rows, f"tput_{s}") / MB, color=STAGE_COLORS[s], label=s, lw=1.2)
+        ax_x.axhline(achievable_bps / MB, color="k", ls="--", lw=0.8, label="achievable")
+        ax_x.axhline(0.9 * achievable_bps / MB, color="k", ls=":", lw=0.6)
+        conv = getattr(r, "metrics", {}).get("conv_s")
+        if conv is not None:
+            ax_x.axvline(conv, color="gray", lw=0.8)
+        ax_t.set_ylabel(f"{r.policy}\nthreads")
+        ax_x.set_ylabel("MB/s")
+        ax_t.set_ylim(bottom=0)
+        ax_x.set_ylim(bottom=0)
+        if i == 0:
+            ax_t.set_title("thread counts (dotted: minimal optimum)")
+            ax_x.set_title("stage throughput (dashed: achievable, dotted: 90%)")
+            ax_t.legend(loc="upper right", fontsize=7, ncol=3)
+            ax_x.legend(loc="lower right", fontsize=7, ncol=4)
+    axes[-1][0].set_xlabel("seconds")
+    axes[-1][1].set_xlabel("seconds")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def delivered_overlay(path: str, panels: Sequence[Dict[str, Any]]) -> str:
+    """One panel per scenario: delivered (write) throughput of every policy over time.
+
+    ``panels``: ``{"title", "achievable_bps", "runs": [...]}``.
+    """
+    n = max(1, len(panels))
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 3.6), squeeze=False)
+    for ax, p in zip(axes[0], panels):
+        for i, r in enumerate(p["runs"]):
+            ax.plot(_col(r.rows, "t"), _col(r.rows, "tput_write") / MB, label=r.policy, color=_color(r.policy, i),
+                    lw=1.4)
+        ax.axhline(p["achievable_bps"] / MB, color="k", ls="--", lw=0.8)
+        ax.axhline(0.9 * p["achievable_bps"] / MB, color="k", ls=":", lw=0.8)
+        ax.set_title(p["title"])
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("delivered MB/s")
+        ax.set_ylim(bottom=0)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def grouped_bars(path: str, title: str, groups: Sequence[str], series: Dict[str, Sequence[Optional[float]]],
+                 ylabel: str, hline: Optional[float] = None) -> str:
+    """Bars: one group per entry of ``groups``, one bar per series (policy); missing values skipped."""
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) + 2), 3.8))
+    names = list(series)
+    width = 0.8 / max(1, len(names))
+    x = np.arange(len(groups))
+    for i, name in enumerate(names):
+        vals = np.array([np.nan if v is None else float(v) for v in series[name]])
+        ax.bar(x + (i - (len(names) - 1) / 2) * width, vals, width, label=name, color=_color(name, i))
+    if hline is not None:
+        ax.axhline(hline, color="k", ls="--", lw=0.8)
+    ax.set_xticks(x)
+    ax.set_xticklabels(groups, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=min(4, len(names)))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def fairness_plot(path: str, title: str, pairs: Sequence[Dict[str, Any]], link_bps: float) -> str:
+    """One row per pair: network throughput (left) and network threads (right) of both transfers."""
+    n = max(1, len(pairs))
+    fig, axes = plt.subplots(n, 2, figsize=(11, 2.4 * n + 0.8), squeeze=False)
+    for i, p in enumerate(pairs):
+        ax_x, ax_t = axes[i]
+        for j, tr in enumerate(p["transfers"]):
+            t = np.array([r["t_abs"] for r in tr["rows"]])
+            ax_x.plot(t, np.array([r["tput_net"] for r in tr["rows"]]) / MB, label=tr["name"], color=f"C{j}")
+            for s, ls in (("read", ":"), ("net", "-"), ("write", "--")):
+                ax_t.step(t, [r[f"threads_{s}"] for r in tr["rows"]], where="post", color=f"C{j}", ls=ls,
+                          label=f"{tr['name']} {s}")
+        ax_x.axhline(link_bps / MB, color="k", ls="--", lw=0.8)
+        ax_x.axhline(link_bps / 2 / MB, color="k", ls=":", lw=0.6)
+        ax_x.set_ylabel(f"{p['policy']}\nnet MB/s")
+        ax_t.set_ylabel("threads")
+        ax_x.set_ylim(bottom=0)
+        ax_t.set_ylim(bottom=0)
+        if i == 0:
+            ax_x.legend(fontsize=7)
+            ax_t.legend(fontsize=6, ncol=2)
+    axes[-1][0].set_xlabel("seconds")
+    axes[-1][1].set_xlabel("seconds")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
