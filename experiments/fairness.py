@@ -253,7 +253,7 @@ def run_fairness(st: Any) -> Any:
     from automdt.experiments.scenarios import bottleneck_scenarios
 
     quick = st.quick
-    window = st.duration_s or (12.0 if quick else 40.0)
+    window = st.duration_s or (10.0 if quick else 40.0)
     join = round(window * 0.25, 1)
     settle = 3.0 if quick else 5.0
     link_bps = st.rate_bps / 2  # 40 MB/s with the default rate

@@ -1,13 +1,15 @@
-"""Matplotlib (Agg) figures of the experiments; every function writes one PNG and returns its path."""
+"""Matplotlib figures of the experiments; every function writes one PNG and returns its path.
+
+The figures are :class:`matplotlib.figure.Figure` objects rendered by the Agg canvas, without
+pyplot: nothing here selects or changes the process's matplotlib backend (a notebook keeps its
+inline backend), and no window ever opens.
+"""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure
 
 STAGE_COLORS = {"read": "tab:red", "net": "tab:green", "write": "tab:blue"}
 POLICY_COLORS = {
@@ -15,6 +17,17 @@ POLICY_COLORS = {
     "static": "tab:purple", "heuristic": "tab:brown", "model": "tab:pink", "oracle": "tab:gray",
 }
 MB = 1e6
+
+
+def _subplots(nrows: int, ncols: int, figsize, **kw):
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)
+
+
+def _save(fig: Figure, path: str) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    return path
 
 
 def _col(rows: Sequence[Dict[str, Any]], key: str) -> np.ndarray:
@@ -32,7 +45,7 @@ def timeseries_grid(path: str, title: str, runs: Sequence[Any], achievable_bps: 
     ``runs``: objects with ``policy`` and ``rows`` (flattened interval records).
     """
     n = max(1, len(runs))
-    fig, axes = plt.subplots(n, 2, figsize=(11, 2.1 * n + 0.8), squeeze=False, sharex=True)
+    fig, axes = _subplots(n, 2, (11, 2.1 * n + 0.8), sharex=True)
     for i, r in enumerate(runs):
         t = _col(r.rows, "t")
         ax_t, ax_x = axes[i]
@@ -61,10 +74,7 @@ def timeseries_grid(path: str, title: str, runs: Sequence[Any], achievable_bps: 
     axes[-1][0].set_xlabel("seconds")
     axes[-1][1].set_xlabel("seconds")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def delivered_overlay(path: str, panels: Sequence[Dict[str, Any]]) -> str:
@@ -73,7 +83,7 @@ def delivered_overlay(path: str, panels: Sequence[Dict[str, Any]]) -> str:
     ``panels``: ``{"title", "achievable_bps", "runs": [...]}``.
     """
     n = max(1, len(panels))
-    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 3.6), squeeze=False)
+    fig, axes = _subplots(1, n, (5.2 * n, 3.6))
     for ax, p in zip(axes[0], panels):
         for i, r in enumerate(p["runs"]):
             ax.plot(_col(r.rows, "t"), _col(r.rows, "tput_write") / MB, label=r.policy, color=_color(r.policy, i),
@@ -85,16 +95,14 @@ def delivered_overlay(path: str, panels: Sequence[Dict[str, Any]]) -> str:
         ax.set_ylabel("delivered MB/s")
         ax.set_ylim(bottom=0)
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def grouped_bars(path: str, title: str, groups: Sequence[str], series: Dict[str, Sequence[Optional[float]]],
                  ylabel: str, hline: Optional[float] = None) -> str:
     """Bars: one group per entry of ``groups``, one bar per series (policy); missing values skipped."""
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) + 2), 3.8))
+    fig, axs = _subplots(1, 1, (max(6.0, 1.6 * len(groups) + 2), 3.8))
+    ax = axs[0][0]
     names = list(series)
     width = 0.8 / max(1, len(names))
     x = np.arange(len(groups))
@@ -108,16 +116,13 @@ def grouped_bars(path: str, title: str, groups: Sequence[str], series: Dict[str,
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7, ncol=min(4, len(names)))
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def fairness_plot(path: str, title: str, pairs: Sequence[Dict[str, Any]], link_bps: float) -> str:
     """One row per pair: network throughput (left) and network threads (right) of both transfers."""
     n = max(1, len(pairs))
-    fig, axes = plt.subplots(n, 2, figsize=(11, 2.4 * n + 0.8), squeeze=False)
+    fig, axes = _subplots(n, 2, (11, 2.4 * n + 0.8))
     for i, p in enumerate(pairs):
         ax_x, ax_t = axes[i]
         for j, tr in enumerate(p["transfers"]):
@@ -138,7 +143,4 @@ def fairness_plot(path: str, title: str, pairs: Sequence[Dict[str, Any]], link_b
     axes[-1][0].set_xlabel("seconds")
     axes[-1][1].set_xlabel("seconds")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

@@ -205,9 +205,15 @@ def _mb(x: Optional[float]) -> str:
     return "-" if x is None else f"{x / MB:.1f}"
 
 
-def _own_policies(st: Settings, scenarios: Sequence[Scenario], scratch: Scratch, rd: RunDir
-                  ) -> Dict[str, str]:
-    """For ``ppo-own``: explore each scenario, train a policy on the fitted profile, return paths."""
+def _own_policies(st: Settings, scenarios: Sequence[Scenario], scratch: Scratch, rd: RunDir,
+                  skipped: Dict[str, str]) -> Dict[str, str]:
+    """For ``ppo-own``: explore each scenario, train a policy on the fitted profile, return paths.
+
+    A scenario whose exploration or training fails gets no ``ppo-own`` run; the reason goes into
+    ``skipped`` (``ppo-own/<scenario>``) and so into ``config.json`` and ``results.md``.
+    """
+    import shutil
+
     from automdt.agents.training import train
     from automdt.explore import explore
     from automdt.sender import TransferOptions
@@ -221,19 +227,29 @@ def _own_policies(st: Settings, scenarios: Sequence[Scenario], scratch: Scratch,
         st.log(f"  ppo-own: exploring {sc.name} for {st.own_explore_s:.0f} s")
         dest = os.path.join(scratch.dest, f"explore-{sc.name}")
         opts = TransferOptions(memory=st.memory, chunk_size=st.chunk_size, interval_s=st.interval_s,
-                               max_threads=st.max_threads, throttle={k: tuple(v) for k, v in sc.throttle.items()})
-        res = explore(ds.path, dest, st.own_explore_s, opts, seed=st.seed)
-        import shutil
-
-        shutil.rmtree(dest, ignore_errors=True)
+                               max_threads=st.max_threads, throttle={k: tuple(v) for k, v in sc.throttle.items()},
+                               log_path=rd.log_path(sc.name, "explore"))
+        try:
+            res = explore(ds.path, dest, st.own_explore_s, opts, seed=st.seed)
+        except Exception as e:  # noqa: BLE001 - recorded, the other policies still run
+            skipped[f"ppo-own/{sc.name}"] = f"exploration failed: {e}"
+            st.log(f"  ppo-own: {sc.name}: exploration failed: {e}")
+            continue
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)
         prof = res["profile"]
         prof.save(os.path.join(rd.path, "profiles", f"{sc.name}-explored.yaml"))
         st.log(f"  ppo-own: training on the explored {sc.name} profile (at most {st.own_train_s:.0f} s)")
-        rep = train(prof, os.path.join(pol_dir, f"{sc.name}-own.zip"), seed=st.seed, target_fraction=0.95,
-                    max_seconds=st.own_train_s, progress=False)
+        try:
+            rep = train(prof, os.path.join(pol_dir, f"{sc.name}-own.zip"), seed=st.seed, target_fraction=0.95,
+                        max_seconds=st.own_train_s, progress=False)
+        except Exception as e:  # noqa: BLE001
+            skipped[f"ppo-own/{sc.name}"] = f"training failed: {e}"
+            continue
         st.log(f"  ppo-own: {sc.name}: {rep.timesteps} steps, {rep.wall_s:.0f} s, "
                f"{rep.fraction_of_oracle:.3f} of the oracle ({rep.stop_reason})")
         out[sc.name] = str(rep.model_path)
+    rd.update_config(skipped_policies=skipped, own_policies={k: os.path.relpath(v, rd.path) for k, v in out.items()})
     return out
 
 
@@ -247,6 +263,8 @@ def _run_matrix(st: Settings, rd: RunDir, scratch: Scratch, scenarios: Sequence[
             for lab in labels:
                 pol = None
                 if lab == "ppo-own":
+                    if sc.name not in own:
+                        continue
                     pol = make_policy(f"ppo:{own[sc.name]}", st.max_threads)
                 r = run_one(lab, sc, ds, scratch.dest, duration_s=duration_s, memory=st.memory,
                             chunk_size=st.chunk_size, interval_s=st.interval_s, max_threads=st.max_threads,
@@ -355,7 +373,7 @@ def bottlenecks(st: Settings) -> Experiment:
         _base_config(st, scenarios, labels, skipped,
                      {"duration_s": duration, "dataset": ds.to_dict(), "policies": _policy_config(labels, scenarios, [ds])},
                      rd)
-        own = _own_policies(st, scenarios, scratch, rd) if "ppo-own" in labels else {}
+        own = _own_policies(st, scenarios, scratch, rd, skipped) if "ppo-own" in labels else {}
         results = _run_matrix(st, rd, scratch, scenarios, labels, [ds], duration, own)
     return _write_timeseries_experiment("bottlenecks", st, rd, scenarios, labels, skipped, results, duration)
 
@@ -433,7 +451,7 @@ def convergence(st: Settings) -> Experiment:
         _base_config(st, scenarios, labels, skipped,
                      {"duration_s": duration, "dataset": ds.to_dict(), "policies": _policy_config(labels, scenarios, [ds])},
                      rd)
-        own = _own_policies(st, scenarios, scratch, rd) if "ppo-own" in labels else {}
+        own = _own_policies(st, scenarios, scratch, rd, skipped) if "ppo-own" in labels else {}
         results = _run_matrix(st, rd, scratch, scenarios, labels, [ds], duration, own)
     return _write_timeseries_experiment("convergence", st, rd, scenarios, labels, skipped, results, duration)
 
@@ -507,7 +525,7 @@ def completion(st: Settings) -> Experiment:
         _base_config(st, scenarios, labels, skipped,
                      {"datasets": [d.to_dict() for d in dss], "policies": _policy_config(labels, scenarios, dss),
                       "seconds_at_achievable": secs}, rd)
-        own = _own_policies(st, scenarios, scratch, rd) if "ppo-own" in labels else {}
+        own = _own_policies(st, scenarios, scratch, rd, skipped) if "ppo-own" in labels else {}
         results = _run_matrix(st, rd, scratch, scenarios, labels, dss, None, own)
     rd.write_csv("intervals.csv", interval_rows(results))
     rd.write_csv("runs.csv", [r.table_row() for r in results])
@@ -624,7 +642,7 @@ def cost(st: Settings) -> Experiment:
         _base_config(st, scenarios, labels, skipped,
                      {"duration_s": duration, "dataset": ds.to_dict(), "policies": _policy_config(labels, scenarios, [ds])},
                      rd)
-        own = _own_policies(st, scenarios, scratch, rd) if "ppo-own" in labels else {}
+        own = _own_policies(st, scenarios, scratch, rd, skipped) if "ppo-own" in labels else {}
         results = _run_matrix(st, rd, scratch, scenarios, labels, [ds], duration, own)
     rd.write_csv("intervals.csv", interval_rows(results))
     rd.write_csv("runs.csv", [r.table_row() for r in results])

@@ -260,6 +260,15 @@ class RunDir:
             json.dump(base | config, f, indent=2, sort_keys=False, default=_json_default)
             f.write("\n")
 
+    def update_config(self, **changes: Any) -> None:
+        """Merge ``changes`` into an already written ``config.json``."""
+        with open(self.file("config.json")) as f:
+            cfg = json.load(f)
+        cfg.update(changes)
+        with open(self.file("config.json"), "w") as f:
+            json.dump(cfg, f, indent=2, default=_json_default)
+            f.write("\n")
+
     def write_csv(self, name: str, rows: Sequence[Dict[str, Any]]) -> str:
         path = self.file(name)
         keys: List[str] = []

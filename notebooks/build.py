@@ -1,0 +1,263 @@
+"""Build the notebooks of this folder from source (``python notebooks/build.py``).
+
+The ``.ipynb`` files are generated, committed without outputs, and rebuilt by this script, so
+that their content is reviewable here. Each notebook starts with a cell tagged ``parameters``
+(papermill convention) whose small defaults let the test suite execute it in seconds; raise them
+for a real study (or run ``papermill -p duration_s 20 ...``).
+
+* ``compare_policies.ipynb``: run policies side by side on one bottleneck scenario with the
+  experiment helpers (real engine), show the plots and the tables, and the same policies in the
+  simulator against the oracle.
+* ``explore_train_transfer.ipynb``: explore a throttled path, fit a profile, train a PPO policy on
+  it with a small budget, evaluate it in the simulator against the oracle, then transfer with it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KERNEL = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+
+def _params(src: str):
+    c = new_code_cell(src.strip())
+    c.metadata["tags"] = ["parameters"]
+    return c
+
+
+def _nb(cells):
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = KERNEL
+    nb.metadata["language_info"] = {"name": "python"}
+    # stable cell ids: rebuilding gives byte-identical files
+    for i, c in enumerate(nb.cells):
+        c["id"] = f"cell-{i:02d}"
+    return nb
+
+
+def compare_policies():
+    md, code = new_markdown_cell, new_code_cell
+    return _nb([
+        _params('''
+# Parameters (papermill style). The defaults are small so that the test suite runs this quickly;
+# for a real comparison use e.g. duration_s = 20 and all of automdt.experiments.runner.ALL_POLICIES.
+scenario = "read-bound"           # read-bound | net-bound | write-bound
+policies = ["ppo", "marlin", "oracle"]  # "ppo" is skipped (with the reason) while no policy is shipped
+duration_s = 4.0                  # seconds per transfer
+out = "runs"                      # run directories go here
+seed = 0
+sim_steps = 30                    # control intervals per simulated episode
+'''),
+        md('''# Comparing policies on an emulated bottleneck
+
+AutoMDT's claim is comparative: a joint PPO agent finds the bottleneck stage, gives it just
+enough threads, and stays there, where Marlin's three independent optimisers keep moving and
+monolithic settings waste threads. This notebook runs the policies **side by side on the real
+engine** (loopback TCP, the engine's per-thread and total rate limits playing the disks and the
+link) with the same helpers as `python -m automdt.experiments bottlenecks`, then runs the same
+policies in the buffer **simulator** against the oracle.
+
+The scenario's throttles make the optimum known in advance: see the table below.'''),
+        code('''import os
+from IPython.display import Image, Markdown, display
+
+from automdt.experiments import run
+from automdt.experiments.scenarios import SCENARIOS, MB
+
+sc = SCENARIOS[scenario]
+display(Markdown(
+    f"**{sc.name}**: `{sc.throttle_spec()}`  \\n"
+    f"achievable {sc.achievable_bps / MB:.0f} MB/s, minimal optimum (read, net, write) = {sc.optimum}, "
+    f"simulator oracle = {sc.oracle_threads()}"))'''),
+        md("## Run the policies on the real engine"),
+        code('''st = run.Settings(out=out, seed=seed, scenarios=[scenario], policies=policies, duration_s=duration_s)
+exp = run.bottlenecks(st)
+print("run directory:", exp.path)
+if exp.skipped:
+    print("skipped:", exp.skipped)'''),
+        md("Thread counts (left; dotted: the minimal optimum) and stage throughputs (right; dashed: achievable) "
+           "over time, one row per policy:"),
+        code('''display(Image(filename=os.path.join(exp.path, f"bottlenecks-{scenario}.png")))'''),
+        md("## The tables of `results.md`"),
+        code('''# results.md without its image links (the figures are shown above)
+display(Markdown("\\n".join(l for l in exp.results_md().splitlines() if not l.startswith("!["))))'''),
+        md("## The per-interval records with pandas\n\n`intervals.csv` holds every control interval of every "
+           "transfer: what the policy saw (throughputs, buffer fills) and what it chose."),
+        code('''import pandas as pd
+
+iv = pd.read_csv(os.path.join(exp.path, "intervals.csv"))
+summary = (iv.assign(delivered_MBps=iv.tput_write / MB, total_threads=iv.threads_read + iv.threads_net + iv.threads_write)
+             .groupby("policy")[["delivered_MBps", "total_threads", "threads_read", "threads_net", "threads_write", "cpu"]]
+             .mean().round(1))
+summary'''),
+        code('''import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(7, 3.5))
+for pol, g in iv.groupby("policy"):
+    ax.plot(g.t, g.tput_write / MB, marker="o", ms=3, label=pol)
+ax.axhline(sc.achievable_bps / MB, ls="--", c="k", lw=0.8, label="achievable")
+ax.axhline(0.9 * sc.achievable_bps / MB, ls=":", c="k", lw=0.8)
+ax.set_xlabel("seconds"); ax.set_ylabel("delivered MB/s"); ax.set_ylim(bottom=0); ax.legend(fontsize=8)
+plt.show()'''),
+        md("## The same policies in the simulator\n\nThe scenario as a simulator profile (the throttles are "
+           "exactly its `min(n * tpt, B)` stages), each policy for `sim_steps` intervals, scored against the "
+           "oracle's utility."),
+        code('''from automdt.experiments.runner import PolicyUnavailable, build_policy
+from automdt.simulator.oracle import evaluate_policy_in_sim
+
+prof = sc.profile()
+rows = []
+for pol_name in policies:
+    try:
+        pol = build_policy(pol_name, sc)
+    except PolicyUnavailable as e:
+        rows.append({"policy": pol_name, "note": str(e)})
+        continue
+    tr = evaluate_policy_in_sim(pol, prof, steps=sim_steps, seed=seed)
+    rows.append({"policy": pol_name, "fraction_of_oracle": round(tr.fraction_of_oracle, 3),
+                 "settled_threads": tr.settled_threads, "oracle_threads": tr.oracle.threads,
+                 "mean_MBps": round(tr.mean_throughput_bps / MB, 1)})
+pd.DataFrame(rows)'''),
+        md("Re-run exactly: `config.json` in the run directory records the seed, the scenario, its profile, "
+           "the engine options, the policy specs (and the PPO file's hash) and the git commit, and its "
+           "`rerun` field is the equivalent command line."),
+    ])
+
+
+def explore_train_transfer():
+    md, code = new_markdown_cell, new_code_cell
+    return _nb([
+        _params('''
+# Parameters (papermill style). Small defaults so that the test suite runs this quickly; the
+# operator's real numbers are ~60 s of exploration and a training budget of minutes.
+scenario = "net-bound"      # the emulated path to explore
+explore_s = 15.0            # seconds of exploration on the real engine (an operator: ~60)
+train_timesteps = 20_000    # PPO budget in simulator steps (a real policy: ~1-2 million, or until the target)
+train_seconds = 30.0        # wall-time cap of training
+transfer_s = 6.0            # seconds of the final transfer with the trained policy
+out = "runs"                # where the profile, the policy and the logs go
+seed = 0
+'''),
+        md('''# Explore → train → transfer
+
+The AutoMDT workflow on one emulated path:
+
+1. **explore**: a short real transfer with random thread triples; the engine's busy-time counters give
+   each stage's per-thread throughput and bandwidth, fitted into a simulator **profile**;
+2. **train**: PPO in the buffer simulator configured by that profile (offline, no data moves);
+3. **evaluate** the policy in the simulator against the oracle (and against Marlin);
+4. **transfer** with it on the real engine.
+
+The path is one of the experiment scenarios: the engine's throttles play the disks and the link,
+so the fitted profile can be checked against the truth.'''),
+        code('''import datetime, os, shutil, tempfile
+import pandas as pd
+from IPython.display import Image, Markdown, display
+
+from automdt.experiments.scenarios import SCENARIOS, MB, DEFAULT_MEMORY, DEFAULT_CHUNK, large_dataset, default_data_root
+from automdt.sender import TransferOptions
+
+sc = SCENARIOS[scenario]
+work = os.path.join(out, "explore_train_transfer-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+os.makedirs(work, exist_ok=True)
+scratch = tempfile.mkdtemp(prefix="automdt-nb-", dir=default_data_root())
+# enough data for the exploration and the transfer at the achievable rate
+ds = large_dataset(int(sc.achievable_bps * max(explore_s, transfer_s) * 1.2 + 2 * DEFAULT_MEMORY), 8, seed).generate(scratch)
+opts = TransferOptions(memory=DEFAULT_MEMORY, chunk_size=DEFAULT_CHUNK, interval_s=1.0, max_threads=32,
+                       throttle={k: tuple(v) for k, v in sc.throttle.items()})
+display(Markdown(f"path **{sc.name}**: `{sc.throttle_spec()}`; dataset {ds.total_bytes / MB:.0f} MB in {len(ds.files)} files; "
+                 f"working directory `{work}`"))'''),
+        md("## 1. Explore\n\nIf the exploration is too short to observe every stage, the fit fails; the notebook "
+           "then says so and goes on with the path's true profile (plus 5% noise), so that the rest of the "
+           "walkthrough still runs. Explore longer (`explore_s`) for a fitted profile."),
+        code('''from automdt.errors import AutomdtError
+from automdt.explore import explore
+from automdt.simulator.profile import ProfileError
+
+truth = sc.profile()
+try:
+    res = explore(ds.path, os.path.join(scratch, "explore-dest"), explore_s, opts, seed=seed)
+    profile, source = res["profile"], "fitted"
+except (ProfileError, AutomdtError) as e:
+    res, profile, source = None, truth.replace(noise=0.05, meta={"source": "scenario (exploration failed)"}), "true+noise"
+    display(Markdown(f"**Exploration of {explore_s:g} s could not fit the profile**: {e}  \\n"
+                     "Continuing with the scenario's true profile plus 5% noise."))
+finally:
+    shutil.rmtree(os.path.join(scratch, "explore-dest"), ignore_errors=True)
+profile.save(os.path.join(work, "profile.yaml"))
+pd.DataFrame([{"stage": s,
+               f"{source} TPT MB/s": round(f.tpt / MB, 1), "true TPT MB/s": round(t.tpt / MB, 1),
+               f"{source} B MB/s": round(f.bandwidth / MB, 1), "true B MB/s": round(t.bandwidth / MB, 1)}
+              for s, f, t in zip(("read", "net", "write"), profile.stages, truth.stages)]).set_index("stage")'''),
+        code('''if res is not None:
+    samples = pd.DataFrame(res["samples"])
+    print(f"{len(samples)} exploration intervals, {res['rounds']} round(s); fitted noise {profile.noise:.3f}")
+    display(samples[["t", "threads", "bytes", "busy_s"]].head())'''),
+        md("## 2. Train PPO in the simulator on the profile"),
+        code('''from automdt.agents.training import train
+
+rep = train(profile, os.path.join(work, "policy.zip"), timesteps=train_timesteps, seed=seed,
+            target_fraction=0.95, max_seconds=train_seconds, progress=False)
+print(f"{rep.timesteps} steps in {rep.wall_s:.0f} s: {rep.fraction_of_oracle:.3f} of the oracle ({rep.stop_reason})")
+display(Image(filename=str(rep.curve_png)))'''),
+        md("## 3. Evaluate in the simulator\n\nOn the profile it was trained on and on the true one (what the "
+           "throttles really are), against the oracle and Marlin."),
+        code('''from automdt.agents.registry import make_policy
+from automdt.simulator.oracle import evaluate_policy_in_sim, oracle
+
+rows = []
+for prof_name, prof in ((source, profile), ("true", truth)):
+    orc = oracle(prof)
+    for name, spec in (("trained PPO", f"ppo:{rep.model_path}"), ("marlin", "marlin")):
+        tr = evaluate_policy_in_sim(make_policy(spec, 32), prof, steps=30, seed=seed)
+        rows.append({"profile": prof_name, "policy": name, "fraction_of_oracle": round(tr.fraction_of_oracle, 3),
+                     "settled": tr.settled_threads, "oracle": orc.threads,
+                     "oracle MB/s": round(orc.throughput_bps / MB, 1)})
+pd.DataFrame(rows)'''),
+        md("## 4. Transfer with the trained policy"),
+        code('''from automdt.experiments.runner import run_one
+
+pol = make_policy(f"ppo:{rep.model_path}", 32)
+r = run_one("trained-ppo", sc, ds, scratch, duration_s=transfer_s, policy=pol,
+            log_path=os.path.join(work, "transfer.jsonl"))
+m = r.metrics
+reached = f"90% reached at {m['conv_s']:.0f} s" if m["converged"] else "90% never reached and held"
+display(Markdown(f"delivered {m['mean_delivered_bps'] / MB:.1f} MB/s on average "
+                 f"({100 * m['mean_delivered_frac']:.0f}% of {sc.achievable_bps / MB:.0f}); {reached}; threads "
+                 f"{'after it' if m['converged'] else 'in the second half'} (median) "
+                 f"{m['after_median_read']:.0f},{m['after_median_net']:.0f},{m['after_median_write']:.0f} "
+                 f"vs the optimum {sc.optimum}"))
+pd.DataFrame(r.rows)[["t", "threads_read", "threads_net", "threads_write", "tput_read", "tput_net", "tput_write",
+                      "buf_sender", "buf_receiver"]]'''),
+        code('''from automdt.experiments import plots
+
+png = plots.timeseries_grid(os.path.join(work, "transfer.png"), f"trained PPO on {sc.name}", [r],
+                            sc.achievable_bps, sc.optimum)
+display(Image(filename=png))'''),
+        code('''shutil.rmtree(scratch, ignore_errors=True)  # the generated dataset
+print("kept:", sorted(os.listdir(work)))'''),
+    ])
+
+
+NOTEBOOKS = {"compare_policies.ipynb": compare_policies, "explore_train_transfer.ipynb": explore_train_transfer}
+
+
+def build(dest: str = HERE) -> list:
+    paths = []
+    for name, fn in NOTEBOOKS.items():
+        nb = fn()
+        nbformat.validate(nb)
+        path = os.path.join(dest, name)
+        with open(path, "w") as f:
+            nbformat.write(nb, f)
+        paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    for p in build(sys.argv[1] if len(sys.argv) > 1 else HERE):
+        print(p)
