@@ -25,7 +25,7 @@ def _subplots(nrows: int, ncols: int, figsize, **kw):
 
 
 def _save(fig: Figure, path: str) -> str:
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97) if fig._suptitle is not None else None)
     fig.savefig(path, dpi=90)
     return path
 
