@@ -16,6 +16,7 @@ try:
         Sender,
         SenderStats,
         StageStats,
+        frame_hash,
     )
 except ImportError as exc:  # pragma: no cover - only without a built extension
     raise ImportError(
@@ -24,6 +25,7 @@ except ImportError as exc:  # pragma: no cover - only without a built extension
     ) from exc
 
 __all__ = [
+    "frame_hash",
     "BufferStats",
     "CHUNK_SIZE_MAX",
     "Event",

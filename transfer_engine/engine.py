@@ -30,11 +30,27 @@ __all__ = [
     "StageStats",
     "TOKEN_LEN",
     "CHUNK_SIZE_MAX",
+    "frame_hash",
 ]
 
 TOKEN_LEN: int = _engine.TOKEN_LEN
 CHUNK_SIZE_MAX: int = _engine.CHUNK_SIZE_MAX
 _NS = 1e-9
+_M64 = (1 << 64) - 1
+
+
+def frame_mix(file_id: int, offset: int) -> int:
+    """The value XORed into a frame's payload hash (wire.h ``amdt_frame_mix``)."""
+    z = (offset ^ ((file_id * 0x9E3779B97F4A7C15) & _M64) ^ 0xA0761D6478BD642F) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def frame_hash(payload: bytes, file_id: int, offset: int) -> int:
+    """The hash a data frame carries: XXH3-64 of the payload XOR :func:`frame_mix`, which binds
+    the chunk to its (file, offset) so a corrupted header fails the check too."""
+    return _engine.hash64(payload) ^ frame_mix(file_id, offset)
 
 #: An event tuple, drained by ``events()``. Kinds and shapes:
 #: ``("file_error", file_id, errno, message)`` (sender; errno 0 when no system call failed,

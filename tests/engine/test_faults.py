@@ -16,10 +16,10 @@ MAGIC = 0x43444D41
 
 
 def frame(file_id: int, offset: int, payload: bytes, magic: int = MAGIC, flags: int = 0) -> bytes:
-    import xxhash
+    from automdt.transfer_engine import frame_hash
 
     return struct.pack("<IIQIIQ", magic, file_id, offset, len(payload), flags,
-                       xxhash.xxh3_64_intdigest(payload)) + payload
+                       frame_hash(payload, file_id, offset)) + payload
 
 
 def connect(port: int) -> socket.socket:

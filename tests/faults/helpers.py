@@ -15,6 +15,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import xxhash
 
+from automdt.transfer_engine import frame_hash
+
 from automdt import journal, protocol
 from automdt.paths import TEMP_PREFIX, temp_names
 from automdt.sender import TransferOptions
@@ -365,7 +367,7 @@ class FakeSender:
         out = bytearray()
         for off in range(0, len(data), self.chunk):
             c = data[off:off + self.chunk]
-            out += FRAME.pack(FRAME_MAGIC, fid, off, len(c), 0, xxhash.xxh3_64_intdigest(c)) + c
+            out += FRAME.pack(FRAME_MAGIC, fid, off, len(c), 0, frame_hash(c, fid, off)) + c
         return bytes(out)
 
     def send_files(self, contents: Dict[int, bytes]) -> None:

@@ -103,9 +103,6 @@ def _to_last_chunk(f):
     return (magic, fid, 63 * CHUNK, length, flags, h) if fid == 4 and off < 8 * CHUNK else None
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the chunk hash covers only the payload, not file_id/offset: a frame "
-                                       "header corrupted into another valid (file, offset) is written at the wrong "
-                                       "place, the true chunk is dropped as a duplicate; exit 0 with a wrong file")
 @pytest.mark.parametrize("pick", [_to_later_file, _to_last_chunk], ids=["file_id", "offset"])
 def test_frame_header_corrupted_into_another_valid_header_is_not_written(make_tree, tmp_path, pick):
     """The header of the first frame of the first connection arrives with another file's id (or

@@ -576,7 +576,8 @@ static void amdt_writer_body(amdt_worker *w)
         uint64_t off = slot->offset;
         uint32_t len = slot->length;
 
-        if (amdt_hash64(slot->data, len) != slot->hash) {
+        uint64_t payload_hash = amdt_hash64(slot->data, len);
+        if ((payload_hash ^ amdt_frame_mix(id, off)) != slot->hash) {
             __atomic_fetch_add(&r->chunks_bad, 1, __ATOMIC_RELAXED);
             amdt_event_push(&r->events, AMDT_EV_CHUNK_BAD, id, off, len, 0, NULL);
             goto next;
@@ -630,7 +631,7 @@ static void amdt_writer_body(amdt_worker *w)
             memcpy(rec, AMDT_JOURNAL_MAGIC, 4);
             amdt_put_le32(rec + 4, len);
             amdt_put_le64(rec + 8, off);
-            amdt_put_le64(rec + 16, slot->hash);
+            amdt_put_le64(rec + 16, payload_hash);
             amdt_put_le64(rec + 24, amdt_hash64(rec, 24));
             what = "journal write";
             ssize_t n;

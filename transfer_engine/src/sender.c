@@ -761,7 +761,7 @@ static void amdt_net_body(amdt_worker *w)
         uint8_t hdr[AMDT_FRAME_HDR_LEN];
         amdt_frame_hdr h = {.magic = AMDT_FRAME_MAGIC, .file_id = slot->file_id,
                             .offset = slot->offset, .length = slot->length, .flags = 0,
-                            .hash = slot->hash};
+                            .hash = slot->hash ^ amdt_frame_mix(slot->file_id, slot->offset)};
         amdt_frame_encode(hdr, &h);
         if (amdt_take_fault(s)) {
             slot->data[slot->length / 2] ^= 0xFF; /* after hashing: corruption on the wire */

@@ -9,12 +9,14 @@
  *             uint64 offset   (a multiple of the session chunk size)
  *             uint32 length   (min(chunk_size, file_size - offset), > 0)
  *             uint32 flags    (0; receivers reject anything else)
- *             uint64 hash     (XXH3_64bits of the payload, seed 0)
+ *             uint64 hash     (XXH3_64bits of the payload, seed 0, XOR amdt_frame_mix(file_id,
+ *                              offset): the hash binds the chunk to its place, so a header
+ *                              corrupted into another valid (file, offset) fails the check)
  * The sender closes a connection only at a frame boundary; EOF inside a frame means the
  * partial chunk is dropped. The receiver never writes to a data connection.
  *
  * Journal record (receiver side, one per written chunk, appended with one write()):
- *   char magic[4] = "AMJR", uint32 length, uint64 offset, uint64 hash,
+ *   char magic[4] = "AMJR", uint32 length, uint64 offset, uint64 hash (of the payload alone),
  *   uint64 check = XXH3_64bits(first 24 bytes of the record)                  (32 bytes)
  */
 #ifndef AMDT_WIRE_H
@@ -32,6 +34,15 @@
 
 #define AMDT_JOURNAL_MAGIC "AMJR"
 #define AMDT_JOURNAL_REC_LEN 32
+
+/* splitmix64 finaliser of (file_id, offset): XORed into the frame's payload hash. */
+static inline uint64_t amdt_frame_mix(uint32_t file_id, uint64_t offset)
+{
+    uint64_t z = offset ^ ((uint64_t)file_id * 0x9E3779B97F4A7C15ULL) ^ 0xA0761D6478BD642FULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
 
 typedef struct amdt_frame_hdr {
     uint32_t magic;
