@@ -289,8 +289,10 @@ def _by(results: Sequence[RunResult], scenario: str, policy: str, dataset: Optio
 
 
 def _ppo_labels(results: Sequence[RunResult]) -> List[str]:
-    have = {r.policy for r in results}
-    return [p for p in ("ppo", "ppo-own") if p in have]
+    """PPO policies of a run: ``ppo`` (shipped), ``ppo-own``, ``ppo:PATH`` / ``*.zip``, in that order."""
+    have = list(dict.fromkeys(r.policy for r in results))
+    first = [p for p in ("ppo", "ppo-own") if p in have]
+    return first + [p for p in have if p not in first and (p.startswith("ppo:") or p.endswith(".zip"))]
 
 
 # ---------------------------------------------------------------------------------------------
