@@ -793,14 +793,29 @@ def run_all(st: Settings) -> List[Experiment]:
     return out
 
 
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    import signal
+
     a = build_parser().parse_args(argv)
     st = settings_from_args(a)
+    if threading_main():
+        # SIGTERM unwinds like Ctrl-C, so temporary datasets, destinations and namespaces are removed
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     t0 = time.monotonic()
-    if a.experiment == "all":
-        exps = run_all(st)
-    else:
-        exps = [RUNNERS[a.experiment](st)]
+    try:
+        if a.experiment == "all":
+            exps = run_all(st)
+        else:
+            exps = [RUNNERS[a.experiment](st)]
+    except KeyboardInterrupt as e:
+        print(f"interrupted: {e}; partial run directory kept, temporary data removed", file=sys.stderr)
+        return 130
     for e in exps:
         print(f"{e.name}: {e.path}")
     print(f"done in {time.monotonic() - t0:.0f} s")

@@ -184,6 +184,9 @@ def run_one(label: str, scenario: Scenario, dataset: Dataset, scratch: str, *, d
         wall = time.monotonic() - w0
         cpu = _cpu_s() - c0
         shutil.rmtree(dest, ignore_errors=True)
+    if summary.exit_code in (errors.INTERRUPTED, 143):
+        # Ctrl-C / SIGTERM reached the transfer: stop the whole experiment (cleanup runs on the way out)
+        raise KeyboardInterrupt(f"transfer interrupted (exit {summary.exit_code})")
     sd = summary.as_dict()
     if summary.exit_code not in (errors.OK, errors.MAX_DURATION):
         err = f"exit {summary.exit_code}: " + "; ".join(summary.errors[:3])

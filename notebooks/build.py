@@ -154,7 +154,7 @@ The AutoMDT workflow on one emulated path:
 
 The path is one of the experiment scenarios: the engine's throttles play the disks and the link,
 so the fitted profile can be checked against the truth.'''),
-        code('''import datetime, os, shutil, tempfile
+        code('''import atexit, datetime, os, shutil, tempfile
 import pandas as pd
 from IPython.display import Image, Markdown, display
 
@@ -165,6 +165,7 @@ sc = SCENARIOS[scenario]
 work = os.path.join(out, "explore_train_transfer-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
 os.makedirs(work, exist_ok=True)
 scratch = tempfile.mkdtemp(prefix="automdt-nb-", dir=default_data_root())
+atexit.register(shutil.rmtree, scratch, True)  # the generated data goes with the kernel, even after an error
 # enough data for the exploration and the transfer at the achievable rate
 ds = large_dataset(int(sc.achievable_bps * max(explore_s, transfer_s) * 1.2 + 2 * DEFAULT_MEMORY), 8, seed).generate(scratch)
 opts = TransferOptions(memory=DEFAULT_MEMORY, chunk_size=DEFAULT_CHUNK, interval_s=1.0, max_threads=32,
