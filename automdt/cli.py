@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--fsync", choices=["none", "file", "dir"], default="none",
                    help="durability: fsync each file before its rename (file), and its directory after (dir)")
     t.add_argument("--chunk-retries", type=int, default=5, help="re-sends of a corrupt chunk before failing (default 5)")
+    t.add_argument("--retries", type=int, default=2,
+                   help="whole-run retries after a network failure, each resuming (default 2)")
+    t.add_argument("--retries-sleep", type=float, default=2.0, metavar="SECONDS", help="pause before a retry (default 2)")
     t.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="control-channel reply timeout")
     _add_ops_options(t)
     t.add_argument("-n", "--dry-run", action="store_true",
@@ -191,6 +194,7 @@ def cmd_transfer(args) -> int:
             interval_s=args.interval, max_threads=args.max_threads, log_path=args.log,
             max_duration_s=args.max_duration, fsync=args.fsync, chunk_retries=args.chunk_retries,
             timeout_s=args.timeout, sndbuf=parse_size(args.sndbuf, "sndbuf"), dry_run=args.dry_run,
+            retries=max(0, args.retries), retry_sleep_s=max(0.0, args.retries_sleep),
             verify=args.verify)
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None

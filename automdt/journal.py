@@ -8,8 +8,9 @@ threads right after the chunk's ``pwrite``)::
     header : b"AMDTJRN1" | fingerprint (32 bytes) | chunk_size (u64 LE) | 16 zero bytes
     record : b"AMJR" | length u32 | offset u64 | xxh3_64(chunk) u64 | xxh3_64(first 24 bytes) u64
 
-The fingerprint hashes the relative path, size, mtime and chunk size of the source file: a
-changed source (or chunk size) never splices old data. Before reuse every recorded chunk is
+The fingerprint hashes the relative path, size, mtime, identity (dev:inode), content digest
+(with ``--checksum``) and chunk size of the source file: a changed or replaced source (or another
+chunk size) never splices old data. Before reuse every recorded chunk is
 re-read and re-hashed; a torn or mismatching record is simply not counted.
 """
 from __future__ import annotations
@@ -27,8 +28,12 @@ RECORD = struct.Struct("<4sIQQQ")
 RECORD_MAGIC = b"AMJR"
 
 
-def fingerprint(relpath: str, size: int, mtime_ns: int, chunk_size: int) -> bytes:
-    return hashlib.sha256(f"{relpath}\x00{size}\x00{mtime_ns}\x00{chunk_size}".encode("utf-8", "surrogateescape")).digest()
+def fingerprint(relpath: str, size: int, mtime_ns: int, chunk_size: int, source_id: str = "", digest: str = "") -> bytes:
+    """Binds a journal to one version of one source file: its path, size, mtime, identity
+    (``dev:inode``: a replaced file is a new inode), content digest when ``--checksum`` supplied
+    one, and the chunk size."""
+    key = f"{relpath}\x00{size}\x00{mtime_ns}\x00{chunk_size}\x00{source_id}\x00{digest}"
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
 
 
 def header(fp: bytes, chunk_size: int) -> bytes:

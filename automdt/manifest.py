@@ -33,9 +33,13 @@ class FileEntry:
     mtime_ns: int
     mode: int
     digest: Optional[str] = None
+    source_id: str = ""
+    """``dev:inode`` of the source file: part of the resume fingerprint, so a partial left by a
+    file that has since been replaced (a new inode) is never resumed."""
 
     def wire(self) -> dict:
-        d = {"id": self.id, "path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "mode": self.mode}
+        d = {"id": self.id, "path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "mode": self.mode,
+             "source_id": self.source_id}
         if self.digest is not None:
             d["digest"] = self.digest
         return d
@@ -70,7 +74,8 @@ def scan(src: str) -> Manifest:
     skipped: List[Tuple[str, str]] = []
     if stat.S_ISREG(st.st_mode):
         name = os.path.basename(os.path.abspath(src))
-        files.append(FileEntry(0, name, os.path.abspath(src), st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode) & 0o777))
+        files.append(FileEntry(0, name, os.path.abspath(src), st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode) & 0o777,
+                               source_id=f"{st.st_dev}:{st.st_ino}"))
         return Manifest(files, dirs, skipped)
     if not stat.S_ISDIR(st.st_mode):
         raise AutomdtError(f"{src}: not a regular file or directory", errors.USAGE)
@@ -99,7 +104,7 @@ def scan(src: str) -> Manifest:
                 subdirs.append((name, e.path))
             elif stat.S_ISREG(est.st_mode):
                 files.append(FileEntry(len(files), name, e.path, est.st_size, est.st_mtime_ns,
-                                       stat.S_IMODE(est.st_mode) & 0o777))
+                                       stat.S_IMODE(est.st_mode) & 0o777, source_id=f"{est.st_dev}:{est.st_ino}"))
             else:
                 skipped.append((name, "special file"))
         stack.extend(reversed(subdirs))

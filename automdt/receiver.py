@@ -51,6 +51,8 @@ class _File:
     size: int
     mtime_ns: int
     mode: int
+    source_id: str = ""
+    digest: str = ""
     data_fd: int = -1
     journal_fd: int = -1
     active: bool = False
@@ -199,7 +201,8 @@ class Session:
                 raise SessionError(f"malformed manifest entry {str(e)[:80]}", errors.USAGE)
             if size < 0 or fid < 0 or fid >= 2**32 or fid in self.files:
                 raise SessionError(f"malformed manifest entry {str(e)[:80]}", errors.USAGE)
-            f = _File(fid, e["path"], self.base + parts, size, mtime, mode & 0o777)
+            f = _File(fid, e["path"], self.base + parts, size, mtime, mode & 0o777,
+                      str(e.get("source_id", ""))[:64], str(e.get("digest") or "")[:64] if self.checksum else "")
             try:
                 action = self._plan_file(f, e.get("digest"))
             except UnsafePath as ex:
@@ -213,11 +216,20 @@ class Session:
                     raise SessionError(f"{f.path}: {ex.strerror}", code)
             if action == "send" and not self.dry_run:
                 self.files[fid] = f
-                self.bytes_needed += size
+                self.bytes_needed += size - self._partial_bytes(f)
             plan.append([fid, action])
         if not self.dry_run:
             self._check_space()
         return {"type": "plan", "files": plan}
+
+    def _partial_bytes(self, f: _File) -> int:
+        """Bytes a resumable partial of ``f`` already holds on disk (0 if none)."""
+        try:
+            dfd = self.root.dir_fd(f.parts[:-1], create=False)
+            st = os.stat(temp_names(f.path)[0], dir_fd=dfd, follow_symlinks=False)
+        except (OSError, UnsafePath):
+            return 0
+        return min(f.size, st.st_blocks * 512) if stat.S_ISREG(st.st_mode) else 0
 
     def _check_space(self) -> None:
         try:
@@ -305,7 +317,7 @@ class Session:
         tmp, jname = temp_names(f.path)
         cs = self.chunk_size
         nchunks = (f.size + cs - 1) // cs
-        fp = journal.fingerprint(f.path, f.size, f.mtime_ns, cs)
+        fp = journal.fingerprint(f.path, f.size, f.mtime_ns, cs, f.source_id, f.digest)
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
         done: List[int] = []
         data_fd = jfd = -1
@@ -587,7 +599,8 @@ class ReceiverServer:
             s = self.sessions.get(ident)
             if s is None:
                 if msg["type"] != "hello":
-                    raise SessionError("no session: say hello first", errors.USAGE)
+                    # e.g. the receiver restarted under a running sender: retry (resumes)
+                    raise SessionError("no such session (the receiver restarted?); re-run to resume", errors.NETWORK)
                 if len(self.sessions) >= self.max_sessions:
                     raise SessionError(f"busy: {self.max_sessions} sessions already", errors.NETWORK)
                 s = self.sessions[ident] = Session(self, ident)

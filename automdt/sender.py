@@ -77,6 +77,10 @@ class TransferOptions:
     sndbuf: int = 0
     dry_run: bool = False
     """Plan only: report what would move (same summary), change nothing on the destination."""
+    retries: int = 2
+    """Whole-run retries after a network failure (each retry resumes; rclone's ``--retries``)."""
+    retry_sleep_s: float = 2.0
+    """Pause before a retry."""
     verify: bool = False
     """After the transfer, compare every file's content digest on both ends (exit 11 on a difference)."""
     verify_only: bool = False
@@ -101,6 +105,8 @@ class Summary:
     integrity_failures: int = 0
     entries_skipped: int = 0
     exit_code: int = 0
+    attempts: int = 1
+    """Runs made (1 + network retries)."""
     threads: Dict[str, int] = field(default_factory=dict)
     errors: List[str] = field(default_factory=list)
     verified: Optional[int] = None
@@ -157,7 +163,30 @@ class Stop(Exception):
 
 
 def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
-    """Transfer the tree ``src`` to ``dest`` (local directory or ``HOST:PORT[/subdir]``)."""
+    """Transfer the tree ``src`` to ``dest`` (local directory or ``HOST:PORT[/subdir]``).
+
+    A run that ends with the network exit code (receiver unreachable, connection lost, receiver
+    restarted) is retried ``opts.retries`` times; each retry resumes from the journals.
+    """
+    t0 = time.monotonic()
+    moved = resent = 0
+    attempt = 0
+    while True:
+        summary = _run_once(src, dest, opts)
+        moved += summary.bytes
+        resent += summary.chunks_resent
+        if summary.exit_code != errors.NETWORK or attempt >= opts.retries:
+            break
+        attempt += 1
+        log.warning("%s; retry %d of %d in %.0f s", summary.errors[-1] if summary.errors else "network error",
+                    attempt, opts.retries, opts.retry_sleep_s)
+        time.sleep(opts.retry_sleep_s)
+    summary.bytes, summary.chunks_resent, summary.attempts = moved, resent, attempt + 1
+    summary.seconds = time.monotonic() - t0
+    return summary
+
+
+def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
     t_start = time.monotonic()
     manifest = scan(src)
     remote, where = parse_dest(dest)

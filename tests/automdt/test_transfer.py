@@ -146,7 +146,7 @@ def test_user_errors_are_one_line_with_codes(tmp_path):
     src = tmp_path / "s"
     src.mkdir()
     (src / "x").write_bytes(b"x")
-    code, _, err = run_cli("transfer", str(src), "127.0.0.1:1/sub", "--timeout", "2")
+    code, _, err = run_cli("transfer", str(src), "127.0.0.1:1/sub", "--timeout", "2", "--retries", "0")
     assert code == errors.NETWORK and "Traceback" not in err
     code, _, err = run_cli("transfer", str(src), str(tmp_path / "d"), "--throttle", "disk.x=1")
     assert code == errors.USAGE and "bad throttle" in err
@@ -251,7 +251,7 @@ def test_sigkill_remote_receiver_then_resume(make_tree, receiver_proc, tmp_path)
     files = {f"f{i}.bin": 64 * CHUNK for i in range(3)}
     src = make_tree(files)
     args = [sys.executable, "-m", "automdt", "transfer", src, f"127.0.0.1:{port}/x", "--threads", "2,2,2", "--secret-file", str(secret),
-            "--chunk-size", str(CHUNK), "--memory", "1Mi", "--throttle", "write.total=3M", "-q", "--timeout", "3"]
+            "--chunk-size", str(CHUNK), "--memory", "1Mi", "--throttle", "write.total=3M", "-q", "--timeout", "3", "--retries", "0"]
     sender = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _kill_when_partial(p, root, 1 << 20)
     code = sender.wait(60)

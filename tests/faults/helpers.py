@@ -151,7 +151,7 @@ def journal_state(src: str, dst: str, chunk: int) -> Dict[str, dict]:
             if not (os.path.exists(pp) and os.path.exists(jp)):
                 continue
             st = os.stat(sp)
-            fp = journal.fingerprint(rel, st.st_size, st.st_mtime_ns, chunk)
+            fp = journal.fingerprint(rel, st.st_size, st.st_mtime_ns, chunk, f"{st.st_dev}:{st.st_ino}")
             jfd = os.open(jp, os.O_RDONLY)
             try:
                 jfp, jcs, recs = journal.read_records(jfd)

@@ -81,9 +81,6 @@ def test_enospc_mid_file_then_resume_does_not_resend_journaled_chunks(make_tree,
         guard.check()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the receiver's free-space check (Session._check_space) counts whole "
-                                       "files, ignoring the bytes their partials already hold, so a resume that fits "
-                                       "in the free space is refused with exit 7 until more than needed is freed")
 def test_resume_that_fits_in_the_free_space_is_not_refused(make_tree, tmp_path):
     src = make_tree({"big.bin": SIZE})
     mnt = str(tmp_path / "small")

@@ -120,9 +120,6 @@ def test_sigkill_mixed_victims_many_rounds(make_tree, tmp_path, seed):
     _run_kills(make_tree, tmp_path, victims, seed, files=files, rate="2M")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a receiver restarted (e.g. by systemd) while a sender runs answers the "
-                                       "sender's next request with 'no session: say hello first' (code 2), so the "
-                                       "sender exits 2 (usage error) instead of 5 (network, safe to re-run) or resuming")
 def test_receiver_restarted_mid_transfer_gives_network_code_or_resumes(make_tree, tmp_path):
     src = make_tree(FILES)
     root = tmp_path / "rroot"

@@ -89,9 +89,6 @@ def test_replaced_during_transfer_is_never_spliced(make_tree, tmp_path):
     assert s.exit_code == 0 and trees_identical(src, dst)[0], s.errors
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (issue 5 asks 'detected'): a source replaced (renamed over) while it is "
-                                       "read is not detected: the reader keeps the old inode open, the old version "
-                                       "is renamed into place and the run exits 0 instead of 12")
 def test_replaced_during_transfer_is_detected(make_tree, tmp_path):
     src = make_tree({"r.bin": 40 * CHUNK})
     dst = str(tmp_path / "dst")
@@ -103,9 +100,6 @@ def test_replaced_during_transfer_is_detected(make_tree, tmp_path):
     assert s.exit_code == errors.SOURCE_CHANGED, s.errors
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a chunk re-sent after the reader closed the file is read by re-opening "
-                                       "the path, checked against size+mtime only: a file replaced with the same size "
-                                       "and mtime (cp -p, rsync -t, tar x) is spliced (old chunks + one new chunk), exit 0")
 def test_replaced_with_same_size_and_mtime_then_chunk_resent_is_never_spliced(make_tree, tmp_path):
     """8 chunks are read at once (buffer of 16) and the file closed; the data path is slow
     (0.5 MB/s); the source is replaced with same size and mtime; then frame 5 arrives corrupt
@@ -153,9 +147,6 @@ def test_stale_partial_is_discarded_when_the_source_changed_between_runs(make_tr
     guard.check()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: with --checksum, a partial left by an older version of the source with "
-                                       "the same size and mtime is resumed (the journal fingerprint is path+size+mtime "
-                                       "only, the manifest digest is not used), so the final file is spliced, exit 0")
 def test_checksum_mode_never_resumes_a_partial_of_different_content(make_tree, tmp_path):
     src = make_tree({"r.bin": 40 * CHUNK})
     dst = str(tmp_path / "dst")

@@ -478,6 +478,27 @@ static int amdt_read_chunk(amdt_sender *s, const amdt_ticket *t, amdt_slot *slot
                  (long long)f->mtime_ns, (long long)mtime_ns);
         goto fail;
     }
+    /* The path must still name the inode being read (a file renamed over the source while it
+     * is read is a change too), and every open must find the inode of the first one. */
+    struct stat pst;
+    if (stat(f->path, &pst) != 0 || pst.st_ino != st.st_ino || pst.st_dev != st.st_dev) {
+        snprintf(msg, sizeof(msg), "changed during read: replaced or removed");
+        goto fail;
+    }
+    pthread_mutex_lock(&s->mu);
+    int same = 1;
+    if (!f->have_ino) {
+        f->have_ino = 1;
+        f->dev = st.st_dev;
+        f->ino = st.st_ino;
+    } else {
+        same = f->dev == st.st_dev && f->ino == st.st_ino;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!same) {
+        snprintf(msg, sizeof(msg), "changed during read: replaced by another file");
+        goto fail;
+    }
     if (got < t->length) {
         snprintf(msg, sizeof(msg), "short read at offset %llu: %zu of %u bytes",
                  (unsigned long long)t->offset, got, t->length);

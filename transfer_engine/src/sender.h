@@ -13,6 +13,8 @@
 #include <sys/socket.h>
 
 #include "common.h"
+
+#include <sys/types.h>
 #include "pool.h"
 #include "stage.h"
 
@@ -36,6 +38,9 @@ typedef struct amdt_sfile {
     int readers;          /* reader threads holding a chunk of this file */
     int fd;               /* -1 when closed; opened lazily, closed when nothing is left to read */
     int failed;           /* read under s->mu, or atomically by network threads */
+    int have_ino;         /* dev/ino of the first open, under s->mu: a re-open of a replaced */
+    dev_t dev;            /* path (new inode) fails the file instead of splicing content */
+    ino_t ino;
 } amdt_sfile;
 
 typedef struct amdt_requeue {
