@@ -40,8 +40,8 @@ def decode(data: bytes) -> Dict[str, Any]:
         raise ProtocolError("message too large")
     try:
         msg = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise ProtocolError("not JSON") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ProtocolError("not JSON (or nested too deeply)") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
         raise ProtocolError("not a message object with a type")
     return msg

@@ -536,6 +536,9 @@ class ReceiverServer:
         self.idle_timeout_s = idle_timeout_s
         self.max_files = max_files
         self.max_sessions = max_sessions
+        self.max_pending = 64
+        """Sessions still in their handshake; past this the oldest is dropped."""
+        self.handshake_timeout_s = 10.0
         self.sessions: Dict[bytes, Session] = {}
         self.auth_failures = 0
         self.sessions_total = 0
@@ -586,7 +589,8 @@ class ReceiverServer:
                 except Exception:  # keep serving the others
                     log.exception("session %s failed", ident.hex()[:8])
                     s.close()
-                if now - s.last_seen > self.idle_timeout_s:
+                limit = self.handshake_timeout_s if s.state in ("new", "challenged") else self.idle_timeout_s
+                if now - s.last_seen > limit:
                     log.warning("session %s idle for %.0f s: closed (partial files kept)", ident.hex()[:8], now - s.last_seen)
                     s.close()
         self._shutdown()
@@ -601,7 +605,11 @@ class ReceiverServer:
                 if msg["type"] != "hello":
                     # e.g. the receiver restarted under a running sender: retry (resumes)
                     raise SessionError("no such session (the receiver restarted?); re-run to resume", errors.NETWORK)
-                if len(self.sessions) >= self.max_sessions:
+                pending = [x for x in self.sessions.values() if x.state in ("new", "challenged")]
+                if len(pending) >= self.max_pending:
+                    # unauthenticated peers never crowd out others: the oldest pending one goes
+                    self._drop(min(pending, key=lambda x: x.last_seen).ident)
+                if len(self.sessions) - len(pending) >= self.max_sessions:
                     raise SessionError(f"busy: {self.max_sessions} sessions already", errors.NETWORK)
                 s = self.sessions[ident] = Session(self, ident)
                 self.sessions_total += 1
@@ -620,8 +628,12 @@ class ReceiverServer:
             code = errors.FATAL if e.errno in (errno.ENOSPC, errno.EDQUOT) else errors.ERROR
             reply = {"type": "error", "code": code, "message": f"{e.strerror or e}"}
             self._drop(ident)
-        except (ValueError, TypeError, KeyError) as e:
-            reply = {"type": "error", "code": errors.USAGE, "message": f"bad request: {e}"}
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, RecursionError) as e:
+            reply = {"type": "error", "code": errors.USAGE, "message": f"bad request: {type(e).__name__}: {str(e)[:200]}"}
+            self._drop(ident)
+        except Exception as e:  # a bug must not end the daemon: this session alone is dropped
+            log.exception("session %s: internal error", ident.hex()[:8])
+            reply = {"type": "error", "code": errors.ERROR, "message": f"internal error: {type(e).__name__}"}
             self._drop(ident)
         reply["seq"] = seq
         try:
