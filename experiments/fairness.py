@@ -225,20 +225,28 @@ def _wait_listening(link: SharedLink, port: int, proc: subprocess.Popen, timeout
 
 def pair_metrics(pair: Dict[str, Any], join_s: float, settle_s: float, window_s: float, link_bps: float
                  ) -> Dict[str, Any]:
-    """Mean network throughput of each transfer while both ran (after ``join_s + settle_s``)."""
+    """Mean delivered throughput of each transfer while both ran (after ``join_s + settle_s``).
+
+    Delivered = bytes written at the receiver: what crossed the link. (The sender's network
+    counter counts bytes handed to the kernel, which runs ahead of the link by the socket
+    buffers, most visibly when connections are added.)
+    """
     lo, hi = join_s + settle_s, window_s - 0.5
-    means, threads = [], []
+    means, threads, net_means = [], [], []
     for tr in pair["transfers"]:
-        xs = [r["tput_net"] for r in tr["rows"] if lo <= r["t_abs"] <= hi]
+        xs = [r["tput_write"] for r in tr["rows"] if lo <= r["t_abs"] <= hi]
+        nx = [r["tput_net"] for r in tr["rows"] if lo <= r["t_abs"] <= hi]
+        net_means.append(sum(nx) / len(nx) if nx else None)
         ns = [r["threads_net"] for r in tr["rows"] if lo <= r["t_abs"] <= hi]
         rs = [r["threads_read"] for r in tr["rows"] if lo <= r["t_abs"] <= hi]
         means.append(sum(xs) / len(xs) if xs else None)
         threads.append({"net_mean": sum(ns) / len(ns) if ns else None, "read_mean": sum(rs) / len(rs) if rs else None})
-    alone = [r["tput_net"] for r in pair["transfers"][0]["rows"] if 2.0 <= r["t_abs"] <= join_s]
+    alone = [r["tput_write"] for r in pair["transfers"][0]["rows"] if 2.0 <= r["t_abs"] <= join_s]
     ok = all(m is not None for m in means)
     total = sum(means) if ok else None  # type: ignore[arg-type]
     return {
-        "policy": pair["policy"], "window": [lo, hi], "mean_net_bps": means, "threads": threads,
+        "policy": pair["policy"], "window": [lo, hi], "mean_bps": means, "mean_net_counter_bps": net_means,
+        "threads": threads,
         "share_t1": (means[0] / total) if ok and total else None,
         "jain": M.jain_index(means) if ok else None,
         "utilisation": (total / link_bps) if ok and total else None,
@@ -298,7 +306,7 @@ def run_fairness(st: Any) -> Any:
                 m = pair_metrics(pair, join, settle, window, link_bps)
                 pairs.append(pair)
                 mets.append(m)
-                st.log(f"  {pol:8s} T1 {_mbs(m['mean_net_bps'][0])} MB/s, T2 {_mbs(m['mean_net_bps'][1])} MB/s, "
+                st.log(f"  {pol:8s} T1 {_mbs(m['mean_bps'][0])} MB/s, T2 {_mbs(m['mean_bps'][1])} MB/s, "
                        f"share T1 {M.fmt(m['share_t1'], 2)}, Jain {M.fmt(m['jain'], 3)}"
                        + (f"  errors: {m['errors']}" if m["errors"] else ""))
         shutil.rmtree(workdir, ignore_errors=True)
@@ -308,8 +316,9 @@ def run_fairness(st: Any) -> Any:
             for r in tr["rows"]:
                 rows.append({"policy": p["policy"], "transfer": tr["name"]} | r)
     rd.write_csv("intervals.csv", rows)
-    rd.write_csv("pairs.csv", [{"policy": m["policy"], "t1_net_bps": m["mean_net_bps"][0],
-                                "t2_net_bps": m["mean_net_bps"][1], "share_t1": m["share_t1"], "jain": m["jain"],
+    rd.write_csv("pairs.csv", [{"policy": m["policy"], "t1_bps": m["mean_bps"][0],
+                                "t2_bps": m["mean_bps"][1], "t1_net_counter_bps": m["mean_net_counter_bps"][0],
+                                "t2_net_counter_bps": m["mean_net_counter_bps"][1], "share_t1": m["share_t1"], "jain": m["jain"],
                                 "utilisation": m["utilisation"], "t1_alone_bps": m["t1_alone_bps"],
                                 "t1_net_threads": m["threads"][0]["net_mean"], "t2_net_threads": m["threads"][1]["net_mean"],
                                 "t1_read_threads": m["threads"][0]["read_mean"],
@@ -321,7 +330,8 @@ def run_fairness(st: Any) -> Any:
              f"Two namespaces joined by veth, `tc tbf` at {link_bps / MB:.0f} MB/s ({link_bps * 8 / 1e6:.0f} Mbit/s) on "
              f"the sender side. T1 reads at {link_bps / MB:.0f} MB/s per thread (one reader fills the link), T2 at "
              f"{link_bps / 10 / MB:.0f} MB/s per thread (ten readers needed). T1 starts alone, T2 joins at {join:g} s, "
-             f"both stop at {window:g} s; means over [{join + settle:g}, {window - 0.5:g}] s. Both transfers use the "
+             f"both stop at {window:g} s; means of the delivered throughput (bytes written at the receiver, i.e. what "
+             f"crossed the link) over [{join + settle:g}, {window - 0.5:g}] s. Both transfers use the "
              "same policy. Jain's index: 1 = equal shares, 0.5 = one takes all.", "",
              f"- run directory `{rd.path}`; seed {st.seed}; git `{(g.get('commit') or '?')[:12]}`"
              + (f"; skipped policies: {skipped}" if skipped else ""), "",
@@ -331,7 +341,7 @@ def run_fairness(st: Any) -> Any:
     tr = []
     for m in mets:
         th = m["threads"]
-        tr.append([m["policy"], _mbs(m["t1_alone_bps"]), _mbs(m["mean_net_bps"][0]), _mbs(m["mean_net_bps"][1]),
+        tr.append([m["policy"], _mbs(m["t1_alone_bps"]), _mbs(m["mean_bps"][0]), _mbs(m["mean_bps"][1]),
                    M.fmt(m["share_t1"], 2), M.fmt(m["jain"], 3), M.fmt(100 * (m["utilisation"] or 0), 0) + "%",
                    f"{M.fmt(th[0]['net_mean'], 1)} / {M.fmt(th[1]['net_mean'], 1)}",
                    f"{M.fmt(th[0]['read_mean'], 1)} / {M.fmt(th[1]['read_mean'], 1)}"])

@@ -120,20 +120,20 @@ def grouped_bars(path: str, title: str, groups: Sequence[str], series: Dict[str,
 
 
 def fairness_plot(path: str, title: str, pairs: Sequence[Dict[str, Any]], link_bps: float) -> str:
-    """One row per pair: network throughput (left) and network threads (right) of both transfers."""
+    """One row per pair: delivered throughput (left) and thread counts (right) of both transfers."""
     n = max(1, len(pairs))
     fig, axes = _subplots(n, 2, (11, 2.4 * n + 0.8))
     for i, p in enumerate(pairs):
         ax_x, ax_t = axes[i]
         for j, tr in enumerate(p["transfers"]):
             t = np.array([r["t_abs"] for r in tr["rows"]])
-            ax_x.plot(t, np.array([r["tput_net"] for r in tr["rows"]]) / MB, label=tr["name"], color=f"C{j}")
+            ax_x.plot(t, np.array([r["tput_write"] for r in tr["rows"]]) / MB, label=tr["name"], color=f"C{j}")
             for s, ls in (("read", ":"), ("net", "-"), ("write", "--")):
                 ax_t.step(t, [r[f"threads_{s}"] for r in tr["rows"]], where="post", color=f"C{j}", ls=ls,
                           label=f"{tr['name']} {s}")
         ax_x.axhline(link_bps / MB, color="k", ls="--", lw=0.8)
         ax_x.axhline(link_bps / 2 / MB, color="k", ls=":", lw=0.6)
-        ax_x.set_ylabel(f"{p['policy']}\nnet MB/s")
+        ax_x.set_ylabel(f"{p['policy']}\ndelivered MB/s")
         ax_t.set_ylabel("threads")
         ax_x.set_ylim(bottom=0)
         ax_t.set_ylim(bottom=0)

@@ -172,7 +172,7 @@ def test_fairness_quick(tmp_path):
     link = 40 * MB
     assert not p["errors"]
     assert 0.7 * link <= p["t1_alone_bps"] <= 1.1 * link  # alone, T1 fills the tbf link
-    both = p["t1_net_bps"] + p["t2_net_bps"]
+    both = p["t1_bps"] + p["t2_bps"]
     assert 0.6 * link <= both <= 1.1 * link  # together they share it, never exceed it
     assert 0 < p["share_t1"] < 1 and 0.5 <= p["jain"] <= 1.0
     md = exp.results_md()
