@@ -99,6 +99,8 @@ class PPOConfig:
     frame_stack: int = 1
     """Encoded observations the network sees at once (SB3 ``VecFrameStack``; 1 = the last only).
     More history lets a policy probe (step, look, step back) without a recurrent network."""
+    features: Tuple[str, ...] = ()
+    """Derived inputs added to each encoding (:data:`automdt.agents.ppo.FEATURES`)."""
 
     def policy_kwargs(self) -> Dict[str, Any]:
         """The ``policy_kwargs`` recorded in the metadata (JSON form: activation by name)."""
@@ -261,6 +263,7 @@ def train(
     eval_profiles: Optional[Sequence[Tuple[str, Profile]]] = None,
     eval_steps: int = 60,
     n_eval_profiles: int = 12,
+    init_from: Optional[Union[str, os.PathLike]] = None,
 ) -> TrainReport:
     """Train a PPO policy in the simulator and write it with its metadata and learning curve.
 
@@ -289,6 +292,9 @@ def train(
         or :func:`held_out_random_profiles` (``n_eval_profiles``) with ``random_profiles``.
     :param eval_steps: control intervals per evaluation episode (from the policy's start triple).
     :param n_eval_profiles: number of held-out random profiles for ``random_profiles``.
+    :param init_from: start from this policy file's network (e.g. ``"default"`` to fine-tune the
+        shipped general policy on a fitted profile) instead of a random one; its network shape
+        and ``frame_stack`` must match ``config``. The PPO optimiser state starts afresh.
     """
     import torch as th
     from stable_baselines3 import PPO
@@ -334,7 +340,9 @@ def train(
         seed=seed,
     )
     venv.seed(seed)  # env i gets seed + i at the first reset (SB3 VecEnv semantics)
-    train_env = VecFrameStack(venv, cfg.frame_stack) if cfg.frame_stack > 1 else venv
+    train_env: Any = _FeatureVecEnv(venv, cfg.features, profile.max_threads) if cfg.features else venv
+    if cfg.frame_stack > 1:
+        train_env = VecFrameStack(train_env, cfg.frame_stack)
     policy_kwargs_json = cfg.policy_kwargs()
     model = PPO(
         "MlpPolicy", train_env,
@@ -346,13 +354,24 @@ def train(
                        "activation_fn": getattr(th.nn, cfg.activation)},
         seed=seed, device="cpu", verbose=0,
     )
+    if init_from is not None:
+        init = ppo_mod.load_policy(init_from)
+        if init.frame_stack != cfg.frame_stack or init.features != tuple(cfg.features):
+            raise ValueError(f"{init.path}: frame_stack {init.frame_stack} and features {list(init.features)} "
+                             f"do not match the config's {cfg.frame_stack} and {list(cfg.features)}")
+        try:
+            model.policy.load_state_dict(init.network.state_dict(), strict=True)
+        except RuntimeError as e:
+            raise ValueError(f"{init.path}: network does not match config (net_arch {list(cfg.net_arch)}): "
+                             f"{str(e).splitlines()[0]}") from None
     # Evaluation episodes are seeded by `eval_seed` (fixed) and never touch the global RNGs.
     eval_seed = 1_000_003
     # ------------------------------------------------------------------------------------------
 
     t0 = time.perf_counter()
     eval_policy = ppo_mod.PPOPolicy(model.policy, deterministic=True,
-                                    metadata={"max_threads": profile.max_threads, "frame_stack": cfg.frame_stack})
+                                    metadata={"max_threads": profile.max_threads, "frame_stack": cfg.frame_stack,
+                                              "features": list(cfg.features)})
     curve: List[EvalPoint] = []
     state: Dict[str, Any] = {
         "best": -math.inf, "best_state": None, "best_ts": 0, "best_eval": None,
@@ -435,7 +454,7 @@ def train(
     best_eval = state["best_eval"]
     reached = target_fraction is not None and state["best"] >= target_fraction
 
-    obs_space, act_space = ppo_mod._simulator_spaces(cfg.frame_stack)
+    obs_space, act_space = ppo_mod._simulator_spaces(cfg.frame_stack, cfg.features)
     meta: Dict[str, Any] = {
         "format": ppo_mod.POLICY_FORMAT,
         "algorithm": "PPO",
@@ -447,6 +466,7 @@ def train(
         "action_names": list(sim_env.ACTION_NAMES),
         "policy_kwargs": policy_kwargs_json,
         "frame_stack": int(cfg.frame_stack),
+        "features": list(cfg.features),
         "start_threads": [1, 1, 1],
         "k": float(k),
         "max_threads": int(profile.max_threads),
@@ -457,6 +477,8 @@ def train(
         "noise": noise,
         "profile": None if random_profiles else profile.to_dict(include_samples=False),
         "seed": int(seed),
+        "init_from": None if init_from is None else str(init_from),
+        "init_from_sha256": None if init_from is None else init.metadata.get("sha256"),
         "timesteps": trained,
         "timesteps_budget": int(timesteps),
         "best_timesteps": int(state["best_ts"]),
@@ -469,7 +491,7 @@ def train(
         "per_profile_fraction": best_eval["per_profile"],
         "eval_profiles": {name: p.to_dict(include_samples=False) for name, p in eval_profiles},
         "eval_steps": int(eval_steps),
-        "hyperparameters": {**asdict(cfg), "net_arch": list(cfg.net_arch)},
+        "hyperparameters": {**asdict(cfg), "net_arch": list(cfg.net_arch), "features": list(cfg.features)},
         "versions": _versions(),
         "sha256": ppo_mod.sha256_file(model_path),
     }
@@ -487,6 +509,36 @@ def train(
         stop_reason=state["stop"], best_timesteps=int(state["best_ts"]),
         wall_s_to_target=state["t_target"], curve=tuple(curve), metadata=meta,
     )
+
+
+def _feature_vec_env_class() -> Any:
+    from stable_baselines3.common.vec_env import VecEnvWrapper
+
+    from automdt.agents.ppo import _simulator_spaces, add_features
+
+    class FeatureVecEnv(VecEnvWrapper):
+        """Appends :func:`automdt.agents.ppo.add_features` to every observation (also terminal ones)."""
+
+        def __init__(self, venv: Any, features: Sequence[str], max_threads: int) -> None:
+            self.features, self.max_threads = tuple(features), int(max_threads)
+            super().__init__(venv, observation_space=_simulator_spaces(1, self.features)[0])
+
+        def reset(self) -> np.ndarray:
+            return add_features(self.venv.reset(), self.features, self.max_threads)
+
+        def step_wait(self) -> Any:
+            obs, rew, done, infos = self.venv.step_wait()
+            for info in infos:
+                if "terminal_observation" in info:
+                    info["terminal_observation"] = add_features(info["terminal_observation"], self.features,
+                                                                self.max_threads)
+            return add_features(obs, self.features, self.max_threads), rew, done, infos
+
+    return FeatureVecEnv
+
+
+def _FeatureVecEnv(venv: Any, features: Sequence[str], max_threads: int) -> Any:
+    return _feature_vec_env_class()(venv, features, max_threads)
 
 
 def _versions() -> Dict[str, str]:

@@ -135,3 +135,23 @@ def test_training_on_one_profile_reaches_95_percent_of_oracle(tmp_path):
                 target_fraction=0.95, max_seconds=600)
     assert rep.reached_target, rep.curve
     assert rep.fraction_of_oracle >= 0.95
+
+
+def test_init_from_starts_from_that_network(tmp_path, tiny_policy):
+    import torch
+
+    # with a zero learning rate the fine-tuned network is the initial one
+    rep = tiny_train(tmp_path / "ft.zip", timesteps=512, init_from=tiny_policy.model_path,
+                     config=tiny_config().replace(learning_rate=0.0))
+    a, b = _weights(tiny_policy.model_path), _weights(rep.model_path)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    meta = json.loads(rep.metadata_path.read_text())
+    assert meta["init_from"] == str(tiny_policy.model_path)
+    assert meta["init_from_sha256"] == json.loads(tiny_policy.metadata_path.read_text())["sha256"]
+
+
+def test_init_from_must_match_the_config(tmp_path, tiny_policy):
+    with pytest.raises(ValueError, match="frame_stack"):
+        tiny_train(tmp_path / "x.zip", init_from=tiny_policy.model_path, config=tiny_config().replace(frame_stack=2))
+    with pytest.raises(ValueError, match="network does not match"):
+        tiny_train(tmp_path / "y.zip", init_from=tiny_policy.model_path, config=tiny_config().replace(net_arch=(8,)))
