@@ -71,7 +71,7 @@ def server(tmp_path):
     root.mkdir()
     srv = ReceiverServer(str(root), "127.0.0.1", 0, secret=SECRET, idle_timeout_s=30).start()
     ctx = zmq.Context()
-    guard = Outside(tmp_path, [str(root)], allow_new=("normal-src",))
+    guard = Outside(tmp_path, [str(root)], allow_new=("normal-src", "src"))
     srv.test_ctx, srv.test_root, srv.test_tmp = ctx, root, tmp_path
     try:
         yield srv
