@@ -23,10 +23,12 @@ STREAMS = max(WRITE_THREADS, NET_THREADS)
 FILES = {f"d{i % 2}/f{i}.bin": 40 * CHUNK + 777 * i for i in range(4)}  # ~10.5 MB, tails not chunk-aligned
 
 
-def _sender(src, dest, secret, tmp_path, n, json_out=False, rate="3M"):
+def _sender(src, dest, secret, tmp_path, n, json_out=False, rate="3M", retries=0):
     args = ["transfer", src, dest, "--secret-file", str(secret), "--threads", f"2,{NET_THREADS},{WRITE_THREADS}",
             "--chunk-size", str(CHUNK), "--memory", "1Mi", "--timeout", "2", "--lock-file", str(tmp_path / "job.lock")]
     args += ["--json"] if json_out else ["-q", "--throttle", f"net.total={rate}"]
+    if retries is not None:  # the killed runs do not retry (a retry would wait for the restarted receiver)
+        args += ["--retries", str(retries)]
     out = open(tmp_path / "logs" / f"sender{n}.out", "w")
     err = open(tmp_path / "logs" / f"sender{n}.err", "w")
     try:
@@ -132,7 +134,7 @@ def test_receiver_restarted_mid_transfer_gives_network_code_or_resumes(make_tree
     s = None
     try:
         rx.start()
-        s = _sender(src, f"{rx.dest}/job", secret, tmp_path, 0)
+        s = _sender(src, f"{rx.dest}/job", secret, tmp_path, 0, retries=None)  # default --retries
         assert wait_for(lambda: partial_bytes(str(root)) > 2 * CHUNK, 30)
         rx.kill()
         rx.start()  # back on the same port well within the sender's 2 s control timeout
@@ -140,6 +142,8 @@ def test_receiver_restarted_mid_transfer_gives_network_code_or_resumes(make_tree
         err = (logs / "sender0.err").read_text()
         assert_final_names_ok(str(root / "job"), source_versions(src))
         assert code in (0, errors.NETWORK), f"exit {code}: {err}"
+        if code == 0:  # resumed against the restarted receiver
+            assert trees_identical(src, str(root / "job"))[0]
     finally:
         if s is not None:
             _kill(s)
