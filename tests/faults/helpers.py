@@ -383,7 +383,7 @@ class FakeSender:
         want = set(ids)
         done, errs = set(), []
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not want <= done:
+        while time.monotonic() < deadline and not want <= done | {e[0] for e in errs}:
             r = self.poll()
             done.update(r.get("done", []))
             errs += r.get("errors", [])

@@ -148,3 +148,67 @@ def test_receiver_restarted_mid_transfer_gives_network_code_or_resumes(make_tree
         if s is not None:
             _kill(s)
         rx.kill()
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a session whose sender died keeps draining its staging buffer and, once its "
+                                       "file is complete, renames the temp file BY NAME: if the resumed run's session "
+                                       "has meanwhile re-created that partial, the new, still empty partial is renamed "
+                                       "into the final name (zeros under a final name) and its journal unlinked")
+def test_abandoned_session_never_renames_the_resumed_sessions_partial(tmp_path):
+    """Sender A sends a whole small file into a slow-writing session and dies (no close); the
+    resumed run B activates the same file before A's session wrote a chunk (so B starts the
+    partial afresh) and sends nothing yet. Nothing wrong may ever appear under the final name."""
+    import threading
+
+    import zmq
+
+    from automdt.receiver import ReceiverServer
+    from tests.faults.helpers import FakeSender, read
+
+    root = tmp_path / "root"
+    root.mkdir()
+    secret = b"abandoned-session"
+    srv = ReceiverServer(str(root), "127.0.0.1", 0, secret=secret).start()
+    ctx = zmq.Context()
+    data = os.urandom(4 * CHUNK)
+    entry = [{"id": 0, "path": "F", "size": len(data), "mtime_ns": 10**18}]
+    wrong = []
+    stop = threading.Event()
+
+    def watch():
+        p = root / "F"
+        while not stop.is_set():
+            try:
+                c = read(str(p))
+            except FileNotFoundError:
+                c = None
+            if c is not None and c != data:
+                wrong.append(len(c.strip(b"\0")))
+            time.sleep(0.005)
+
+    th = threading.Thread(target=watch)
+    th.start()
+    a = FakeSender(ctx, srv.port, secret)
+    b = FakeSender(ctx, srv.port, secret)
+    try:
+        a.handshake(write_throttle=[0, 100_000])  # A's session writes at 100 kB/s: 2.6 s for the file
+        a.manifest(entry)
+        a.activate([0])
+        a.send_files({0: data})
+        a.c.close()  # A is killed: its session stays until the idle timeout
+        b.handshake()
+        assert b.manifest(entry)["files"] == [[0, "send"]]
+        acts = b.activate([0])["files"]
+        time.sleep(3.5)  # A's session finishes writing its buffer meanwhile
+        if acts[0][1] == "send":
+            b.send_files({0: data})
+        done, errs = b.wait_done([0], timeout=10)
+    finally:
+        stop.set()
+        th.join(5)
+        b.close()
+        srv.stop()
+        ctx.term()
+    assert wrong == [], f"wrong content under the final name (non-zero bytes: {wrong[:3]}...)"
+    assert errs == [] and (done == {0} or acts[0][1] == "done"), (acts, errs)
+    assert read(str(root / "F")) == data
