@@ -35,6 +35,8 @@ def env(tmp_path):
     (outside / "dir").mkdir(parents=True)
     (outside / "victim.txt").write_bytes(b"do not touch\n")
     (outside / "dir" / "x").write_bytes(b"nor this\n")
+    (outside / "big.bin").write_bytes(os.urandom(8 * CHUNK))
+    os.chmod(outside / "big.bin", 0o600)
     pre_existing = {p: os.path.lexists(p) for p in ESCAPES}
     srv = ReceiverServer(str(root), "127.0.0.1", 0, secret=SECRET, idle_timeout_s=30).start()
     ctx = zmq.Context()
@@ -273,3 +275,45 @@ def test_file_and_directory_collisions_are_refused(env):
         f.close()
     assert dict((i, a) for i, a in plan["files"]) == {0: "fail", 1: "fail"}
     assert (root / "adir").is_dir() and read(root / "afile") == b"keep"
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a partial is reused without checking st_nlink/owner: a hard link planted at "
+                                       ".amdt-*.part (to a file outside the root) plus a journal whose records match "
+                                       "that file makes the receiver write the missing chunks into the outside file, "
+                                       "chmod it, and rename the link into the final name (bounded by "
+                                       "fs.protected_hardlinks for unprivileged planters)")
+def test_hard_link_planted_at_a_partial_is_never_written_through(env, make_tree):
+    import struct
+
+    import xxhash
+
+    from automdt import journal
+
+    src = make_tree({"data.bin": 8 * CHUNK})
+    dest = f"127.0.0.1:{env.srv.port}/job"
+    s = run_transfer(src, dest, opts(secret=SECRET, throttle={"net": (0, 1e6)}, max_duration_s=0.4))
+    assert s.exit_code == errors.MAX_DURATION, s.errors
+    part, jname = temp_names("data.bin")
+    pp, jp = env.root / "job" / part, env.root / "job" / jname
+    header = read(jp)[:journal.HEADER_SIZE]  # the legitimate fingerprint, copied
+    victim = env.outside / "big.bin"
+    vdata = read(victim)
+    os.unlink(pp)
+    os.link(victim, pp)
+    recs = b""
+    for i in range(4):  # the first half "already written": records that match the victim's data
+        r = struct.pack("<4sIQQ", b"AMJR", CHUNK, i * CHUNK, xxhash.xxh3_64_intdigest(vdata[i * CHUNK:(i + 1) * CHUNK]))
+        recs += r + struct.pack("<Q", xxhash.xxh3_64_intdigest(r))
+    with open(jp, "wb") as f:
+        f.write(header + recs)
+    vst = os.stat(victim)
+    try:
+        s = run_transfer(src, dest, opts(secret=SECRET))
+        assert read(victim) == vdata and os.stat(victim).st_mode & 0o777 == 0o600, "the outside file was written through"
+        assert s.exit_code == 0, s.errors
+        assert read(env.root / "job" / "data.bin") == read(os.path.join(src, "data.bin"))
+    finally:  # undo the damage so the fixture's guard reports only what this test asserts
+        os.unlink(victim)
+        victim.write_bytes(vdata)
+        os.chmod(victim, 0o600)
+        os.utime(victim, ns=(vst.st_atime_ns, vst.st_mtime_ns))
