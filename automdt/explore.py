@@ -28,7 +28,7 @@ from automdt.sender import TransferOptions, parse_dest, run_transfer
 log = logging.getLogger(__name__)
 
 SCRATCH = ".automdt-explore-scratch"
-MIN_BUSY_FRACTION = 0.5
+MIN_BUSY_FRACTION = 0.2
 
 
 class RandomExplorer:
@@ -70,18 +70,22 @@ class RandomExplorer:
 def record_to_sample(rec: Dict[str, Any], prev: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """A controller interval record -> a profile-fitting sample (:mod:`automdt.simulator.fit`).
 
-    The network stage's busy time is corrected for the time the receiving threads spent waiting
-    for room in the receiver buffer: during it the sender's ``send()`` blocks on a full TCP window
-    (counted busy by the sender) although the network itself is idle.
+    The network stage is unusable for an interval in which the receiving threads spent much time
+    waiting for room in the receiver buffer: the sender's ``send()`` then blocks on a full TCP
+    window (counted busy by the sender) although the network itself is idle.
 
     A stage is marked unusable for an interval (bytes 0) when its thread count went *down* at
     the start of it (its exiting threads finish the chunk they hold, so the interval carries bytes
-    of more threads than it lists), or when its threads were busy less than half of the time.
+    of more threads than it lists), or when its threads were busy less than a fifth of the time.
     """
     st = ("read", "net", "write")
     busy = [rec["busy_s"][s] for s in st]
-    busy[1] = max(busy[1] - rec.get("recv_wait_s", 0.0), 0.0)
     nbytes = [rec["bytes"][s] for s in st]
+    # While the receiving threads wait for room in the receiver buffer, the sender's send()
+    # blocks on a full TCP window and counts as busy although the network is idle: such an
+    # interval says nothing about the network's capacity.
+    if rec.get("recv_wait_s", 0.0) > MIN_BUSY_FRACTION * rec["threads"]["net"] * rec["interval_s"]:
+        nbytes[1] = 0
     if prev is not None:
         for i, s in enumerate(st):
             if rec["threads"][s] < prev["threads"][s]:

@@ -24,7 +24,6 @@ def test_explorer_is_seeded_and_probes_every_stage():
     assert {t.index(min(t)) for t in probes} == {0, 1, 2}
 
 
-@pytest.mark.expensive
 def test_fit_recovers_throttled_rates_within_15_percent(make_tree, tmp_path):
     src = make_tree({f"f{i:02d}.bin": 8 << 20 for i in range(40)})
     throttle = {s: (float(t), float(b)) for s, (t, b) in TRUTH.items()}
@@ -37,7 +36,13 @@ def test_fit_recovers_throttled_rates_within_15_percent(make_tree, tmp_path):
     errs = {}
     for name, st in zip(("read", "net", "write"), again.stages):
         tpt, bw = TRUTH[name]
-        errs[name] = (st.tpt / tpt - 1, st.bandwidth / bw - 1)
-    bad = {k: v for k, v in errs.items() if abs(v[0]) > 0.15 or abs(v[1]) > 0.15}
-    assert not bad, f"relative errors (tpt, bandwidth): {errs}"
+        errs[name] = (round(st.tpt / tpt - 1, 3), round(st.bandwidth / bw - 1, 3))
+    # Per-thread throughput of every stage, and the bandwidth of the path's bottleneck (write),
+    # within 15%. The read and network plateaus sit above the write stage's, so the path never
+    # runs them flat out with all their threads at once: their bandwidth is only bounded from
+    # below, and must not be under-estimated (the oracle takes the minimum over stages).
+    assert all(abs(e[0]) <= 0.15 for e in errs.values()), f"relative errors (tpt, bandwidth): {errs}"
+    assert abs(errs["write"][1]) <= 0.15, f"relative errors (tpt, bandwidth): {errs}"
+    assert errs["read"][1] >= -0.15 and errs["net"][1] >= -0.15, f"relative errors (tpt, bandwidth): {errs}"
+    assert prof.bottleneck == "write"
     assert len(res["samples"]) >= 25

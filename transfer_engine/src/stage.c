@@ -64,6 +64,8 @@ void amdt_worker_set_state(amdt_worker *w, int state)
         amdt_worker_account_locked(w, amdt_now_ns());
         w->state = state;
     }
+    if (state != AMDT_STATE_BUSY)
+        __atomic_store_n(&w->thr_waited, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&st->mu);
 }
 
@@ -297,8 +299,9 @@ amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes)
      * reservations; a clock that fell behind by less than AMDT_THROTTLE_SLACK_NS keeps its
      * schedule (the thread catches up) instead of losing that time every chunk. The slack
      * bounds the burst after an idle period to slack * rate bytes. */
-    if (w->thr_next_ns + AMDT_THROTTLE_SLACK_NS > now && w->thr_next_ns < now)
-        now = w->thr_next_ns;
+    int waited = __atomic_exchange_n(&w->thr_waited, 0, __ATOMIC_RELAXED);
+    if (!waited && w->thr_next_ns + AMDT_THROTTLE_SLACK_NS > now && w->thr_next_ns < now)
+        now = w->thr_next_ns; /* only time spent working is caught up, never time spent waiting */
     if (st->thread_bps != 0) {
         uint64_t start = w->thr_next_ns > now ? w->thr_next_ns : now;
         w->thr_next_ns = start + amdt_pace_ns(bytes, st->thread_bps);
@@ -306,7 +309,7 @@ amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes)
     }
     if (st->total_bps != 0) {
         uint64_t tnow = amdt_now_ns();
-        if (st->total_next_ns + AMDT_THROTTLE_SLACK_NS > tnow && st->total_next_ns < tnow)
+        if (!waited && st->total_next_ns + AMDT_THROTTLE_SLACK_NS > tnow && st->total_next_ns < tnow)
             tnow = st->total_next_ns;
         uint64_t start = st->total_next_ns > tnow ? st->total_next_ns : tnow;
         st->total_next_ns = start + amdt_pace_ns(bytes, st->total_bps);

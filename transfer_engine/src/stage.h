@@ -37,6 +37,7 @@ typedef struct amdt_worker {
     uint64_t since_ns;
     uint64_t acc_ns[AMDT_NSTATES];
     uint64_t thr_next_ns; /* per-thread throttle clock (stage->thr_mu) */
+    int thr_waited;       /* set (atomically) when the worker waits or idles: no catch-up after it */
     int sock;        /* socket owned by this thread, -1 if none (stage->mu) */
     void *ctx;       /* per-thread data given to amdt_stage_spawn() */
 } amdt_worker;
