@@ -325,3 +325,41 @@ def test_receive_process_survives_a_nested_json_bomb(tmp_path):
     finally:
         rx.kill()
         _term(ctx)
+
+
+def test_several_senders_at_once_while_garbage_arrives(server, make_tree):
+    """Three real senders in parallel (each its own session) while another peer keeps sending
+    garbage and half handshakes: all three complete."""
+    srcs = [make_tree({f"f{j}.bin": 6 * CHUNK + i * 100 + j for j in range(4)}) for i in range(3)]
+    results = {}
+    stop = threading.Event()
+
+    def hammer():
+        rng = random.Random(9)
+        while not stop.is_set():
+            r = Raw(server.test_ctx, server.port)
+            try:
+                r.send(rng.choice([rng.randbytes(50), b"[" * 3000, {"type": "hello", "version": 1, "nonce": "n"},
+                                   {"type": "open", "chunk_size": CHUNK}]))
+                r.s.poll(50)
+            finally:
+                r.close()
+
+    def send(i):
+        results[i] = run_transfer(srcs[i], f"127.0.0.1:{server.port}/par{i}", opts(secret=SECRET, timeout_s=10))
+
+    h = threading.Thread(target=hammer)
+    h.start()
+    workers = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(60)
+    finally:
+        stop.set()
+        h.join(10)
+    for i in range(3):
+        assert results[i].exit_code == 0, results[i].errors
+        assert trees_identical(srcs[i], str(server.test_root / f"par{i}"))[0]
+    assert_still_serving(server)

@@ -46,15 +46,24 @@ def _during(dst, action, min_partial=6 * CHUNK):
     return th, out
 
 
-def test_appended_during_transfer_is_detected_and_not_renamed(make_tree, tmp_path):
+@pytest.mark.parametrize("how", ["appended", "truncated", "rewritten-in-place"])
+def test_changed_during_transfer_is_detected_and_not_renamed(make_tree, tmp_path, how):
     src = make_tree({"grow.bin": 40 * CHUNK, "ok.bin": 2 * CHUNK})
     dst = str(tmp_path / "dst")
     guard = Outside(tmp_path, [dst, src])
     old = read(os.path.join(src, "grow.bin"))
 
     def append():
-        with open(os.path.join(src, "grow.bin"), "ab") as f:
-            f.write(b"appended while being read")
+        p = os.path.join(src, "grow.bin")
+        if how == "appended":
+            with open(p, "ab") as f:
+                f.write(b"appended while being read")
+        elif how == "truncated":
+            os.truncate(p, 20 * CHUNK)
+        else:
+            with open(p, "r+b") as f:  # same size, new bytes near the end (not read yet)
+                f.seek(35 * CHUNK)
+                f.write(os.urandom(100))
 
     th, out = _during(dst, append)
     s = run_transfer(src, dst, opts(threads=(1, 1, 1), throttle={"read": (0, 1.5e6)}))
@@ -70,6 +79,21 @@ def test_appended_during_transfer_is_detected_and_not_renamed(make_tree, tmp_pat
     s = run_transfer(src, dst, opts())
     assert s.exit_code == 0, s.errors
     assert trees_identical(src, dst)[0]
+
+
+def test_vanished_before_it_is_read_is_reported(make_tree, tmp_path):
+    src = make_tree({"a.bin": 40 * CHUNK, "z.bin": 3 * CHUNK})
+    dst = str(tmp_path / "dst")
+    guard = Outside(tmp_path, [dst, src])
+    th, out = _during(dst, lambda: os.unlink(os.path.join(src, "z.bin")))
+    s = run_transfer(src, dst, opts(threads=(1, 1, 1), throttle={"read": (0, 1.5e6)}))
+    th.join(30)
+    assert "result" in out
+    assert s.exit_code == errors.SOURCE_CHANGED, s.errors
+    assert any("z.bin" in e for e in s.errors), s.errors
+    assert not os.path.exists(os.path.join(dst, "z.bin"))
+    assert read(os.path.join(dst, "a.bin")) == read(os.path.join(src, "a.bin"))
+    guard.check()
 
 
 def test_replaced_during_transfer_is_never_spliced(make_tree, tmp_path):
