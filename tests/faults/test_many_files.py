@@ -154,6 +154,6 @@ def test_tree_whose_directory_list_exceeds_the_message_cap(tmp_path):
             os.makedirs(p)
         with open(os.path.join(p, "leaf.txt"), "w") as f:
             f.write("leaf")
-        s = run_transfer(src, dst, opts(timeout_s=5, retries=0))
+        s = run_transfer(src, dst, opts(timeout_s=2, retries=0))
         assert s.exit_code == 0, s.errors
         assert os.path.exists(os.path.join(dst, os.path.relpath(p, src), "leaf.txt"))

@@ -151,9 +151,9 @@ def test_every_connection_failing_ends_with_network_code_and_renames_nothing(mak
     dst = str(tmp_path / "dst")
     guard = Outside(tmp_path, [dst])
     with ChaosProxy([], default=Plan(kind, at=frame_payload_offset(0, CHUNK, 1000))) as px:
-        s, took = _run(src, dst, px, stall_s=3, retries=1, retry_sleep_s=0.2)
+        s, took = _run(src, dst, px, stall_s=2, retries=1, retry_sleep_s=0.2)
     assert s.exit_code == errors.NETWORK, s.errors
-    assert took < 2 * 3 + 10, took  # two attempts, each ended by the stall limit
+    assert took < 2 * 2 + 10, took  # two attempts, each ended by the stall limit
     assert len(px.records) >= 3 and px.fired >= 3
     assert final_files(dst) == {}
     assert s.bytes == 0
