@@ -212,3 +212,44 @@ def test_abandoned_session_never_renames_the_resumed_sessions_partial(tmp_path):
     assert wrong == [], f"wrong content under the final name (non-zero bytes: {wrong[:3]}...)"
     assert errs == [] and (done == {0} or acts[0][1] == "done"), (acts, errs)
     assert read(str(root / "F")) == data
+
+
+@pytest.mark.expensive
+def test_hung_receiver_sigstop_then_sigcont(make_tree, tmp_path):
+    """The receiver hangs (SIGSTOP) mid-transfer: the sender gives up within its bounded
+    timeouts (exit 5, partials kept); after SIGCONT the same receiver serves the resume."""
+    src = make_tree(FILES)
+    root = tmp_path / "rroot"
+    root.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_text("fault-suite-secret\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    rx = ReceiverProc(str(root), str(secret), str(logs), extra=["--idle-timeout", "5"])
+    s = None
+    try:
+        rx.start()
+        s = _sender(src, f"{rx.dest}/job", secret, tmp_path, 0, retries=1)
+        assert wait_for(lambda: partial_bytes(str(root)) > 4 * CHUNK, 30)
+        os.kill(rx.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        code = s.wait(60)
+        took = time.monotonic() - t0
+        # control timeout 2 s + close 5 s, retry sleep 2 s + hello 2 s, slack
+        assert code == errors.NETWORK and took < 20, (code, took, (logs / "sender0.err").read_text())
+        os.kill(rx.proc.pid, signal.SIGCONT)
+        time.sleep(0.5)  # the continued receiver drains what it had buffered
+        assert_final_names_ok(str(root / "job"), source_versions(src))
+        need, _ = bytes_still_needed(src, str(root / "job"), CHUNK)
+        final = _sender(src, f"{rx.dest}/job", secret, tmp_path, 1, json_out=True)
+        assert final.wait(60) == 0, (logs / "sender1.err").read_text()
+        summary = json.loads((logs / "sender1.out").read_text().strip().splitlines()[-1])
+        assert trees_identical(src, str(root / "job"))[0]
+        assert need <= summary["bytes"] <= need + STREAMS * CHUNK, (need, summary)
+        assert rx.alive()
+    finally:
+        if rx.alive():
+            os.kill(rx.proc.pid, signal.SIGCONT)
+        if s is not None:
+            _kill(s)
+        rx.kill()
