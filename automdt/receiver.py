@@ -162,7 +162,7 @@ class Session:
         self.fsync = msg.get("fsync", "none") if msg.get("fsync") in ("none", "file", "dir") else "none"
         self.checksum = bool(msg.get("checksum", False))
         self.dry_run = bool(msg.get("dry_run", False))
-        self.root = SafeRoot(srv.root)
+        self.root = SafeRoot(srv.root, max_cached=srv.dir_cache)
         try:
             self.root.dir_fd(self.base, create=not self.dry_run)
         except FileNotFoundError:
@@ -321,17 +321,21 @@ class Session:
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
         done: List[int] = []
         data_fd = jfd = -1
+        self.server.claim(self, f)
         try:
             data_fd = os.open(tmp, flags, dir_fd=dfd)
             jfd = os.open(jname, flags | os.O_APPEND, dir_fd=dfd)
-            if not stat.S_ISREG(os.fstat(data_fd).st_mode) or not stat.S_ISREG(os.fstat(jfd).st_mode):
-                raise UnsafePath("partial file is not a regular file")
+            euid = os.geteuid()
+            for fd in (data_fd, jfd):
+                st = os.fstat(fd)
+                # only a regular file we created ourselves, with no other name (a hard link
+                # planted at the partial's name would make us write outside the root)
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != euid:
+                    raise FileNotFoundError
             done = journal.verified_chunks(data_fd, jfd, fp, f.size, cs)
             if not done:
                 raise FileNotFoundError  # nothing reusable: start afresh
-        except (FileNotFoundError, OSError) as ex:
-            if isinstance(ex, OSError) and ex.errno in (errno.ELOOP,):
-                raise UnsafePath("partial file is a symlink") from None
+        except OSError:  # missing, a symlink (ELOOP), untrusted or stale: start afresh
             for fd in (data_fd, jfd):
                 if fd >= 0:
                     os.close(fd)
@@ -365,6 +369,7 @@ class Session:
         self.done.append(f.id)
 
     def _release(self, f: _File) -> None:
+        self.server.unclaim(self, f)
         if f.active and self.engine is not None:
             try:
                 self.engine.remove_file(f.id)
@@ -536,10 +541,16 @@ class ReceiverServer:
         self.idle_timeout_s = idle_timeout_s
         self.max_files = max_files
         self.max_sessions = max_sessions
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.dir_cache = max(8, min(256, (soft if soft > 0 else 1024) // 16))
+        """Directory descriptors each session keeps open (bounded by the open-files limit)."""
         self.max_pending = 64
         """Sessions still in their handshake; past this the oldest is dropped."""
         self.handshake_timeout_s = 10.0
         self.sessions: Dict[bytes, Session] = {}
+        self._claims: Dict[Tuple[str, ...], Tuple[Session, _File]] = {}
         self.auth_failures = 0
         self.sessions_total = 0
         self._ctx = zmq.Context()
@@ -562,6 +573,25 @@ class ReceiverServer:
             raise errors.AutomdtError(f"cannot listen on {host}:{port}: {e.strerror}", errors.USAGE) from None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+
+    def claim(self, session: "Session", f: _File) -> None:
+        """Make ``session`` the only writer of ``f``'s destination. Another session that still
+        holds it (e.g. one whose sender died and is retrying) gives it up first: it stops writing
+        and never renames it."""
+        key = f.parts
+        owner = self._claims.get(key)
+        if owner is not None and owner[0] is not session:
+            other, of = owner
+            log.warning("%s: taken over from an older session", f.path)
+            other._release(of)
+            other.files.pop(of.id, None)
+            other.file_errors.append([of.id, errors.FILES_FAILED, f"{of.path}: taken over by a newer session"])
+        self._claims[key] = (session, f)
+
+    def unclaim(self, session: "Session", f: _File) -> None:
+        owner = self._claims.get(f.parts)
+        if owner is not None and owner[0] is session:
+            del self._claims[f.parts]
 
     def clamp_threads(self, n: int) -> int:
         return max(1, min(int(n), self.max_threads))

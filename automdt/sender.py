@@ -335,10 +335,11 @@ class _Transfer:
                     f.digest = None
                     log.warning("%s: cannot checksum: %s", f.path, e.strerror)
         dirs = self.m.dirs
-        for i in range(0, max(len(files), 1), MANIFEST_BATCH):
+        for i in range(0, len(dirs), MANIFEST_BATCH):  # directories first, in batches (parents first)
+            self.ctl.request({"type": "manifest", "files": [], "dirs": dirs[i:i + MANIFEST_BATCH]})
+        for i in range(0, len(files), MANIFEST_BATCH):
             batch = files[i:i + MANIFEST_BATCH]
-            reply = self.ctl.request({"type": "manifest", "files": [f.wire() for f in batch],
-                                      "dirs": dirs if i == 0 else []})
+            reply = self.ctl.request({"type": "manifest", "files": [f.wire() for f in batch], "dirs": []})
             for fid, action in reply["files"]:
                 f = files[fid]
                 if action == "skip":

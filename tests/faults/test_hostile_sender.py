@@ -277,11 +277,6 @@ def test_file_and_directory_collisions_are_refused(env):
     assert (root / "adir").is_dir() and read(root / "afile") == b"keep"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a partial is reused without checking st_nlink/owner: a hard link planted at "
-                                       ".amdt-*.part (to a file outside the root) plus a journal whose records match "
-                                       "that file makes the receiver write the missing chunks into the outside file, "
-                                       "chmod it, and rename the link into the final name (bounded by "
-                                       "fs.protected_hardlinks for unprivileged planters)")
 def test_hard_link_planted_at_a_partial_is_never_written_through(env, make_tree):
     import struct
 

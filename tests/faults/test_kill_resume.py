@@ -150,10 +150,6 @@ def test_receiver_restarted_mid_transfer_gives_network_code_or_resumes(make_tree
         rx.kill()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a session whose sender died keeps draining its staging buffer and, once its "
-                                       "file is complete, renames the temp file BY NAME: if the resumed run's session "
-                                       "has meanwhile re-created that partial, the new, still empty partial is renamed "
-                                       "into the final name (zeros under a final name) and its journal unlinked")
 def test_abandoned_session_never_renames_the_resumed_sessions_partial(tmp_path):
     """Sender A sends a whole small file into a slow-writing session and dies (no close); the
     resumed run B activates the same file before A's session wrote a chunk (so B starts the
