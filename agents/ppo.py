@@ -13,14 +13,16 @@ that other users can write (group- or world-writable, or owned by someone else):
 may be handed to SB3 tools that do unpickle, and a swapped file would change the transfer's
 behaviour anyway.
 
-This module is the only one in the package that imports torch and stable-baselines3; the CLI
-imports it lazily, so transfers with a non-PPO policy never pay for torch.
+torch and stable-baselines3 are imported at the top of this module and only inside
+:func:`automdt.agents.training.train` elsewhere; the CLI imports this module lazily, so
+transfers with a non-PPO policy never pay for torch.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import pickle
 import stat
 import zipfile
 from importlib import resources
@@ -169,11 +171,15 @@ def _space_to_json(space: spaces.Space) -> Dict[str, Any]:
     raise TypeError(f"unsupported space {space!r}")
 
 
-def _policy_kwargs_to_json(policy_kwargs: Dict[str, Any]) -> Dict[str, Any]:
-    out = dict(policy_kwargs)
-    act = out.get("activation_fn", th.nn.Tanh)
-    out["activation_fn"] = act.__name__
-    return out
+def _space_summary(d: Any) -> str:
+    """A short form of :func:`_space_to_json`'s output for error messages."""
+    if not isinstance(d, dict):
+        return repr(d)
+    if d.get("type") == "Box":
+        return f"Box{tuple(d.get('shape', ()))}"
+    if d.get("type") == "MultiDiscrete":
+        return f"MultiDiscrete{d.get('nvec')}"
+    return str(d.get("type"))
 
 
 def _policy_kwargs_from_json(path: Path, raw: Any) -> Dict[str, Any]:
@@ -271,10 +277,16 @@ class PPOPolicy:
             raise _not_a_policy(p, f"unknown features {features!r} in its metadata (known: {list(FEATURES)})")
         obs_space, act_space = _simulator_spaces(stack, features)
         for key, space in (("observation_space", obs_space), ("action_space", act_space)):
-            if meta.get(key) != _space_to_json(space):
-                raise _not_a_policy(
-                    p, f"trained for {key} {meta.get(key)}, this simulator has {_space_to_json(space)}"
-                )
+            want = _space_to_json(space)
+            if meta.get(key) != want:
+                got = _space_summary(meta.get(key))
+                have = _space_summary(want)
+                if got == have:
+                    have += " with other bounds"
+                raise _not_a_policy(p, f"trained for {key} {got}, this simulator has {have}")
+        max_threads = meta.get("max_threads", 32)
+        if not isinstance(max_threads, int) or max_threads < 1:
+            raise _not_a_policy(p, f"bad max_threads {max_threads!r} in its metadata")
         kwargs = _policy_kwargs_from_json(p, meta.get("policy_kwargs"))
 
         try:
@@ -284,10 +296,13 @@ class PPOPolicy:
                     raise _not_a_policy(p, "zip has no SB3 'data' and 'policy.pth' entries")
                 with zf.open("policy.pth") as f:
                     state = th.load(f, map_location="cpu", weights_only=True)
-        except (zipfile.BadZipFile, RuntimeError, OSError, EOFError) as e:
+        except (zipfile.BadZipFile, pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:
             raise _not_a_policy(p, f"unreadable weights: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
-        network = ActorCriticPolicy(obs_space, act_space, lambda _: 0.0, **kwargs)
+        try:
+            network = ActorCriticPolicy(obs_space, act_space, lambda _: 0.0, **kwargs)
+        except (TypeError, ValueError, AssertionError) as e:
+            raise _not_a_policy(p, f"bad policy_kwargs in its metadata: {e}") from None
         try:
             network.load_state_dict(state, strict=True)
         except (RuntimeError, TypeError, AttributeError) as e:
