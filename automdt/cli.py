@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "locally with the live display and a summary.")
     d.add_argument("--dir", default="demo-data", help="where to create src/ and dst/ (default ./demo-data)")
     d.add_argument("--size", default="1Gi", help="approximate dataset size (default 1Gi)")
-    d.add_argument("--threads", default="2,4,2", metavar="R,N,W")
+    d.add_argument("--threads", default=None, metavar="R,N,W",
+                   help="static thread counts (default: the shipped PPO policy chooses them)")
 
     e = sub.add_parser("explore", help="short real transfer with random thread counts; fit a profile",
                        description="Move real data of SRC to DEST for --duration seconds, drawing a random "
@@ -311,7 +312,12 @@ def cmd_demo(args) -> int:
     made = make_sample_dataset(src, total)
     print(f"sample dataset: {made[0]} files, {format_bytes(made[1])} in {src}; copying to {dst}")
     args.json, args.quiet = False, False
-    opts = TransferOptions(threads=parse_threads(args.threads))
+    if args.threads:
+        opts = TransferOptions(threads=parse_threads(args.threads))
+    else:
+        args.policy = None
+        policy, threads = _resolve_policy(args, 32)
+        opts = TransferOptions(policy=policy, threads=threads)
     code = _run_with_display(args, lambda o: run_transfer(src, dst, o), opts)
     if code == 0:
         print(f"check it yourself: diff -r {src} {dst}")

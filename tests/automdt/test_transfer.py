@@ -350,3 +350,17 @@ def test_source_file_changing_during_read_is_detected(make_tree, tmp_path):
     assert "grow.bin" in err
     assert not (dst / "grow.bin").exists()
     assert (dst / "ok.bin").exists()
+
+
+def test_demo_and_default_policy_transfer(tmp_path):
+    """`automdt demo` (no --threads: the shipped PPO policy drives a real transfer)."""
+    from tests.util import trees_identical as same
+
+    d = tmp_path / "demo"
+    import subprocess as sp
+
+    p = sp.run([sys.executable, "-m", "automdt", "demo", "--dir", str(d), "--size", "24Mi"],
+               capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    assert "transferred" in p.stdout and "exit 0" in p.stdout
+    assert same(str(d / "src"), str(d / "dst"))[0]
