@@ -1,0 +1,279 @@
+"""PPOPolicy: the Policy protocol, loading, and one-line loading errors."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+from automdt.agents.base import Policy
+from automdt.simulator.types import Observation
+
+
+def _obs(rng, threads, max_threads=32):
+    return Observation(threads=tuple(int(t) for t in threads),
+                       throughput_bps=tuple(float(x) for x in rng.uniform(0, 1e9, 3)),
+                       buffer_fill=tuple(float(x) for x in rng.uniform(0, 1, 2)), max_threads=max_threads)
+
+
+def _copy_policy(src, dst_dir, name="p.zip"):
+    dst = dst_dir / name
+    shutil.copy(src, dst)
+    shutil.copy(str(src) + ".json", str(dst) + ".json")
+    return dst
+
+
+def test_satisfies_policy_protocol(tiny_policy):
+    from automdt.agents.ppo import PPOPolicy
+
+    pol = PPOPolicy.load(tiny_policy.model_path)
+    assert isinstance(pol, Policy)
+    assert pol.name == "ppo"
+    assert pol.deterministic
+
+
+@pytest.mark.parametrize("max_threads", [1, 4, 20, 32, 64])
+def test_triples_in_range(tiny_policy, max_threads):
+    from automdt.agents.ppo import PPOPolicy
+
+    pol = PPOPolicy.load(tiny_policy.model_path)
+    rng = np.random.default_rng(max_threads)
+    start = pol.reset(max_threads, seed=0)
+    assert start == (1, 1, 1)
+    threads = start
+    for _ in range(50):
+        threads = pol.act(_obs(rng, threads, max_threads))
+        assert isinstance(threads, tuple) and len(threads) == 3
+        assert all(type(t) is int and 1 <= t <= max_threads for t in threads), threads
+
+
+def test_deterministic_by_default(tiny_policy):
+    from automdt.agents.ppo import PPOPolicy
+
+    a, b = PPOPolicy.load(tiny_policy.model_path), PPOPolicy.load(tiny_policy.model_path)
+
+    def run(pol):
+        rng = np.random.default_rng(7)
+        threads = pol.reset(32)
+        out = []
+        for _ in range(30):
+            threads = pol.act(_obs(rng, threads))
+            out.append(threads)
+        return out
+
+    assert run(a) == run(b) == run(a)
+
+
+def test_sampling_is_seeded_and_leaves_global_rng_alone(tiny_policy):
+    import torch
+
+    from automdt.agents.ppo import PPOPolicy
+
+    pol = PPOPolicy.load(tiny_policy.model_path, deterministic=False)
+
+    def run(seed):
+        rng = np.random.default_rng(3)
+        threads = pol.reset(32, seed=seed)
+        out = []
+        for _ in range(40):
+            threads = pol.act(_obs(rng, threads))
+            out.append(threads)
+        return out
+
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    first = run(5)
+    assert torch.equal(before, torch.random.get_rng_state())
+    assert run(5) == first
+    assert run(6) != first
+
+
+def test_runs_in_the_simulator(tiny_policy):
+    from automdt.agents.ppo import load_policy
+    from automdt.simulator.oracle import evaluate_policy_in_sim
+    from automdt.simulator.profile import Profile
+
+    traj = evaluate_policy_in_sim(load_policy(tiny_policy.model_path), Profile.default(), steps=20, seed=0)
+    assert 0.0 < traj.fraction_of_oracle <= 1.01
+
+
+def test_default_names_resolve_to_the_shipped_file():
+    from automdt.agents.ppo import default_policy_path, load_policy
+
+    path = default_policy_path()
+    assert path.name == "default_policy.zip" and path.is_file()
+    for name in ("ppo", "default", "PPO"):
+        assert load_policy(name).path == path
+
+
+# ----------------------------------------------------------------------------- loading errors
+def _load_error(path):
+    from automdt.agents.ppo import PPOPolicy
+
+    with pytest.raises(ValueError) as ei:
+        PPOPolicy.load(path)
+    msg = str(ei.value)
+    assert "\n" not in msg, msg
+    assert msg.startswith(str(path) + ": "), msg
+    return msg
+
+
+def test_missing_file(tmp_path):
+    assert "not an AutoMDT policy (no such file)" in _load_error(tmp_path / "nope.zip")
+
+
+def test_directory(tmp_path):
+    assert "not a regular file" in _load_error(tmp_path)
+
+
+def test_not_a_zip(tmp_path):
+    p = tmp_path / "x.zip"
+    p.write_text("hello")
+    assert "not an AutoMDT policy (not a zip archive)" in _load_error(p)
+
+
+def test_zip_without_metadata(tmp_path, tiny_policy):
+    p = tmp_path / "p.zip"
+    shutil.copy(tiny_policy.model_path, p)
+    assert "no metadata file p.zip.json" in _load_error(p)
+
+
+def test_metadata_not_json_or_wrong_format(tmp_path, tiny_policy):
+    p = _copy_policy(tiny_policy.model_path, tmp_path)
+    meta = p.with_name(p.name + ".json")
+    meta.write_text("{not json")
+    assert "unreadable metadata" in _load_error(p)
+    meta.write_text(json.dumps({"format": "something-else"}))
+    assert "is not format 'automdt-ppo/1'" in _load_error(p)
+
+
+def test_other_zip(tmp_path, tiny_policy):
+    p = _copy_policy(tiny_policy.model_path, tmp_path)
+    with zipfile.ZipFile(p, "w") as zf:
+        zf.writestr("readme.txt", "not a model")
+    meta = json.loads(tiny_policy.metadata_path.read_text())
+    meta["sha256"] = None
+    p.with_name(p.name + ".json").write_text(json.dumps(meta))
+    assert "zip has no SB3 'data' and 'policy.pth' entries" in _load_error(p)
+
+
+def test_sha256_mismatch(tmp_path, tiny_policy):
+    p = _copy_policy(tiny_policy.model_path, tmp_path)
+    with open(p, "ab") as f:
+        f.write(b"\0")  # still a zip (trailing bytes), but not the file the metadata describes
+    assert "does not match its metadata" in _load_error(p)
+
+
+def test_spaces_mismatch(tmp_path, tiny_policy):
+    p = _copy_policy(tiny_policy.model_path, tmp_path)
+    meta = json.loads(tiny_policy.metadata_path.read_text())
+    meta["action_space"]["nvec"] = [3, 3, 3]
+    p.with_name(p.name + ".json").write_text(json.dumps(meta))
+    assert "trained for action_space MultiDiscrete[3, 3, 3], this simulator has MultiDiscrete[5, 5, 5]" in _load_error(p)
+
+
+def test_network_mismatch(tmp_path, tiny_policy):
+    p = _copy_policy(tiny_policy.model_path, tmp_path)
+    meta = json.loads(tiny_policy.metadata_path.read_text())
+    meta["policy_kwargs"]["net_arch"] = {"pi": [8], "vf": [8]}
+    p.with_name(p.name + ".json").write_text(json.dumps(meta))
+    assert "weights do not fit the recorded network" in _load_error(p)
+
+
+def test_bad_net_arch_is_refused(tmp_path, tiny_policy):
+    p = _copy_policy(tiny_policy.model_path, tmp_path)
+    meta = json.loads(tiny_policy.metadata_path.read_text())
+    meta["policy_kwargs"]["net_arch"] = "huge"
+    p.with_name(p.name + ".json").write_text(json.dumps(meta))
+    assert "not an AutoMDT policy (" in _load_error(p)
+
+
+def test_unknown_activation_is_refused(tmp_path, tiny_policy):
+    p = _copy_policy(tiny_policy.model_path, tmp_path)
+    meta = json.loads(tiny_policy.metadata_path.read_text())
+    meta["policy_kwargs"]["activation_fn"] = "os.system"
+    p.with_name(p.name + ".json").write_text(json.dumps(meta))
+    assert "unknown activation" in _load_error(p)
+
+
+@pytest.mark.parametrize("mode", [0o664, 0o646, 0o666])
+def test_refuses_files_writable_by_others(tmp_path, tiny_policy, mode):
+    p = _copy_policy(tiny_policy.model_path, tmp_path)
+    os.chmod(p, mode)
+    msg = _load_error(p)
+    assert "refusing to load a policy file writable by other users" in msg
+    assert "chmod go-w" in msg
+
+
+def test_never_unpickles(tmp_path, tiny_policy, monkeypatch):
+    """Loading works with pickle and cloudpickle loads disabled (SB3's PPO.load would need them)."""
+    import pickle
+
+    import cloudpickle
+
+    from automdt.agents.ppo import PPOPolicy
+
+    def boom(*a, **k):
+        raise AssertionError("unpickled something")
+
+    monkeypatch.setattr(pickle, "loads", boom)
+    monkeypatch.setattr(cloudpickle, "loads", boom)
+    pol = PPOPolicy.load(tiny_policy.model_path)
+    assert pol.reset(32) == (1, 1, 1)
+
+
+def test_training_module_imports_without_torch():
+    code = ("import sys, automdt.agents.training, automdt.agents.base; "
+            "print('torch' in sys.modules, 'stable_baselines3' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("frame_stack, features", [(1, ()), (3, ()), (1, ("spare_threads",)),
+                                                    (3, ("spare_threads",))])
+def test_policy_sees_what_the_training_env_showed(tmp_path, frame_stack, features):
+    """PPOPolicy's encoding (and frame stacking) of live Observations equals the training input."""
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack
+
+    from automdt.agents.ppo import PPOPolicy
+    from automdt.agents.training import _FeatureVecEnv
+    from automdt.simulator.env import BufferSimEnv, action_to_threads
+    from automdt.simulator.profile import Profile
+    from tests.ppo.conftest import tiny_config, tiny_train
+
+    rep = tiny_train(tmp_path / "fs.zip", timesteps=512, eval_every=512,
+                     config=tiny_config().replace(frame_stack=frame_stack, features=features))
+    pol = PPOPolicy.load(rep.model_path)
+    assert pol.frame_stack == frame_stack and pol.features == features
+    inner = DummyVecEnv([lambda: BufferSimEnv(Profile.default(), random_start=False, episode_steps=25)])
+    venv = _FeatureVecEnv(inner, features, 32) if features else inner
+    venv = VecFrameStack(venv, frame_stack) if frame_stack > 1 else venv
+    venv.seed(4)
+    x = venv.reset()
+    obs = inner.reset_infos[0]["observation"]
+    threads = pol.reset(32)
+    assert threads == obs.threads
+    for _ in range(20):
+        action, _ = pol.network.predict(x, deterministic=True)
+        expected = action_to_threads(action[0], obs.threads, 32)
+        threads = pol.act(obs)
+        assert threads == expected
+        x, _, _, infos = venv.step(action)
+        obs = infos[0]["observation"]
+        assert obs.threads == threads
+
+
+def test_fast_mode_equals_sb3_predict(tiny_policy):
+    from automdt.agents.ppo import PPOPolicy
+
+    pol = PPOPolicy.load(tiny_policy.model_path)
+    rng = np.random.default_rng(0)
+    dim = pol.network.observation_space.shape[0]
+    for x in rng.uniform(0, 1, (500, dim)).astype(np.float32):
+        expected, _ = pol.network.predict(x, deterministic=True)
+        assert np.array_equal(pol._mode(x), expected)
