@@ -32,7 +32,9 @@ for _ in range(2):
     gc.collect()
     out["fds"].append(fds())
     out["runs"].append(s.as_dict())
-out["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+# VmHWM of this process's own memory: getrusage's ru_maxrss would also count the parent's
+# resident set at fork time (Linux keeps the high-water mark across execve).
+out["maxrss_kb"] = int([l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM:")][0])
 out["nofile"] = resource.getrlimit(resource.RLIMIT_NOFILE)
 print(json.dumps(out))
 """
