@@ -47,7 +47,7 @@ def test_held_out_bottlenecks(default_policy, name, seed):
 
 # Known shortfall of the shipped policy (measured: 0.97-0.99 of the oracle on these paths, but it
 # settles 3-5 threads above the oracle on the bottleneck stage and keeps moving by one thread):
-# the issue asks for the bottleneck within one thread and a steady state. Kept as strict xfails
+# the issue asks for the bottleneck within one thread and a steady state. Kept as (non-strict) xfails
 # so a better policy turns them green.
 SHORTFALL = pytest.mark.xfail(strict=False, reason="shipped policy overshoots the bottleneck by 3-5 threads")
 
