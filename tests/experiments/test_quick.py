@@ -141,6 +141,10 @@ def test_completion_quick(tmp_path):
     assert all(r.summary["seconds"] >= 0.9 * totals[r.dataset] / (40 * MB) for r in glo)
     md = exp.results_md()
     assert "| write-bound | large | oracle |" in md and "| write-bound | mixed | globus |" in md
+    # re-rendered from the run directory alone: the same table
+    again = run.completion(_settings(tmp_path, from_dir=exp.path))
+    table = lambda text: text[text.index("| scenario | dataset |"):text.index("## PPO vs Marlin")]  # noqa: E731
+    assert table(again.results_md()) == table(md)
 
 
 def test_unavailable_policy_is_skipped_with_its_reason(tmp_path):
