@@ -1,10 +1,20 @@
 """The shipped default policy (automdt/data/default_policy.zip): loads, and finds the bottleneck
-on hand-written read-, network- and write-bound paths that it never saw in training."""
+on hand-written read-, network- and write-bound paths that it never saw in training.
+
+Measured for the shipped file (scripts/train_default_policy.py, seed 0, 6M timesteps), 60
+intervals from (1, 1, 1), seeds 0-4: 0.975-1.000 of the oracle's utility; it settles and stays
+(at most 3 changes in the last 20 intervals) with the bottleneck stage 1-3 threads *above* the
+oracle's (read 12 vs 10, net 14-15 vs 13, write 17-18 vs 15) and the other stages within one
+thread of it. The issue's "bottleneck within one thread of the oracle" holds on the
+network-bound path only; the other two are kept as strict xfails so that a better policy turns
+them green.
+"""
 from __future__ import annotations
 
 import hashlib
 import json
 
+import numpy as np
 import pytest
 
 from tests.ppo.conftest import held_out_profiles
@@ -19,66 +29,62 @@ def default_policy():
     return load_policy("default")
 
 
+def _run(policy, name, seed):
+    from automdt.simulator.oracle import evaluate_policy_in_sim
+    from automdt.simulator.profile import STAGES
+
+    prof = held_out_profiles()[name]
+    traj = evaluate_policy_in_sim(policy, prof, steps=60, seed=seed, k=1.02)
+    b = STAGES.index(prof.bottleneck)
+    detail = (f"{name} seed {seed}: settled {traj.settled_threads}, oracle {traj.oracle.threads}, "
+              f"fraction {traj.fraction_of_oracle:.3f}")
+    return traj, b, detail
+
+
 def test_shipped_files_are_consistent(default_policy):
     from automdt.agents.ppo import default_policy_path
 
     path = default_policy_path()
     meta = json.loads(path.with_name(path.name + ".json").read_text())
     assert meta["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert meta["random_profiles"] is True
-    assert meta["k"] == 1.02 and meta["max_threads"] == 32
+    assert meta["random_profiles"] is True and meta["profile"] is None
+    assert meta["k"] == 1.02 and meta["max_threads"] == 32 and meta["seed"] == 0
+    assert meta["stop_reason"] == "timesteps", "the shipped policy is trained on a fixed budget (reproducible)"
+    assert sorted(meta["held_out"]["results"]) == ["net-bound", "read-bound", "write-bound"]
     assert path.stat().st_size < 1_000_000, "the shipped policy should stay small"
     assert default_policy.metadata["sha256"] == meta["sha256"]
 
 
 @pytest.mark.parametrize("name", sorted(held_out_profiles()))
 @pytest.mark.parametrize("seed", SEEDS)
-def test_held_out_bottlenecks(default_policy, name, seed):
-    from automdt.simulator.oracle import evaluate_policy_in_sim
-    from automdt.simulator.profile import STAGES
-
-    prof = held_out_profiles()[name]
-    traj = evaluate_policy_in_sim(default_policy, prof, steps=60, seed=seed, k=1.02)
-    b = STAGES.index(prof.bottleneck)
+def test_held_out_paths(default_policy, name, seed):
+    traj, b, detail = _run(default_policy, name, seed)
     settled, best = traj.settled_threads, traj.oracle.threads
-    detail = f"{name} seed {seed}: settled {settled}, oracle {best}, fraction {traj.fraction_of_oracle:.3f}"
     assert traj.fraction_of_oracle >= 0.9, detail
-
-
-# Known shortfall of the shipped policy (measured: 0.97-0.99 of the oracle on these paths, but it
-# settles 3-5 threads above the oracle on the bottleneck stage and keeps moving by one thread):
-# the issue asks for the bottleneck within one thread and a steady state. Kept as (non-strict) xfails
-# so a better policy turns them green.
-SHORTFALL = pytest.mark.xfail(strict=False, reason="shipped policy overshoots the bottleneck by 3-5 threads")
-
-
-@SHORTFALL
-@pytest.mark.parametrize("name", sorted(held_out_profiles()))
-def test_held_out_bottleneck_threads_within_one(default_policy, name):
-    from automdt.simulator.oracle import evaluate_policy_in_sim
-    from automdt.simulator.profile import STAGES
-
-    prof = held_out_profiles()[name]
-    traj = evaluate_policy_in_sim(default_policy, prof, steps=60, seed=0, k=1.02)
-    b = STAGES.index(prof.bottleneck)
-    settled, best = traj.settled_threads, traj.oracle.threads
-    detail = f"{name}: settled {settled}, oracle {best}, fraction {traj.fraction_of_oracle:.3f}"
-    assert abs(settled[b] - best[b]) <= 1, detail
-    # the other stages stay low: no more than a few threads above what the bottleneck's rate needs
+    # the bottleneck gets what it needs (never more than one thread short) and not much more
+    assert best[b] - 1 <= settled[b] <= best[b] + 3, detail
+    # the other stages stay low: at most one thread above what the bottleneck's rate needs
     for i in range(3):
         if i != b:
-            assert settled[i] <= best[i] + 4, detail
+            assert settled[i] <= best[i] + 1, detail
 
 
-@pytest.mark.xfail(strict=False, reason="shipped policy keeps adjusting the bottleneck stage by one thread")
-def test_settles_and_stays(default_policy):
+def _within_one(name):
+    marks = () if name == "net-bound" else pytest.mark.xfail(
+        strict=True, reason="shipped policy settles 2-3 threads above the oracle on this bottleneck")
+    return pytest.param(name, marks=marks)
+
+
+@pytest.mark.parametrize("name", [_within_one(n) for n in sorted(held_out_profiles())])
+def test_held_out_bottleneck_within_one_thread(default_policy, name):
+    traj, b, detail = _run(default_policy, name, 0)
+    assert abs(traj.settled_threads[b] - traj.oracle.threads[b]) <= 1, detail
+
+
+@pytest.mark.parametrize("name", sorted(held_out_profiles()))
+def test_settles_and_stays(default_policy, name):
     """Over the last third of a run the thread counts barely move (no Marlin-style oscillation)."""
-    import numpy as np
-
-    from automdt.simulator.oracle import evaluate_policy_in_sim
-
-    for prof in held_out_profiles().values():
-        traj = evaluate_policy_in_sim(default_policy, prof, steps=60, seed=0)
-        tail = traj.threads[-20:]
-        changes = int(np.any(np.diff(tail, axis=0) != 0, axis=1).sum())
-        assert changes <= 4, tail.tolist()
+    traj, _, detail = _run(default_policy, name, 0)
+    tail = traj.threads[-20:]
+    changes = int(np.any(np.diff(tail, axis=0) != 0, axis=1).sum())
+    assert changes <= 4, f"{detail}: {tail.tolist()}"
