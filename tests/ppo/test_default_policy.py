@@ -6,8 +6,8 @@ intervals from (1, 1, 1), seeds 0-4: 0.975-1.000 of the oracle's utility; it set
 (at most 3 changes in the last 20 intervals) with the bottleneck stage 1-3 threads *above* the
 oracle's (read 12 vs 10, net 14-15 vs 13, write 17-18 vs 15) and the other stages within one
 thread of it. The issue's "bottleneck within one thread of the oracle" holds on the
-network-bound path only; the other two are kept as strict xfails so that a better policy turns
-them green.
+network-bound path only; the other two are non-strict xfails (reported as XPASS, not as a
+failure, once a retrained policy meets them).
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_held_out_paths(default_policy, name, seed):
 
 def _within_one(name):
     marks = () if name == "net-bound" else pytest.mark.xfail(
-        strict=True, reason="shipped policy settles 2-3 threads above the oracle on this bottleneck")
+        strict=False, reason="shipped policy settles 2-3 threads above the oracle on this bottleneck")
     return pytest.param(name, marks=marks)
 
 
