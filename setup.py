@@ -11,7 +11,7 @@ engine = Extension(
     "automdt.transfer_engine._engine",
     sources=sorted(glob.glob("transfer_engine/src/*.c")),
     depends=sorted(glob.glob("transfer_engine/src/*.h")),
-    libraries=["xxhash", "pthread"],
+    libraries=["xxhash", "ssl", "crypto", "pthread"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-pthread"],
 )
 

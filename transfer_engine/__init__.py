@@ -9,6 +9,7 @@ try:
     from .engine import (
         CHUNK_SIZE_MAX,
         TOKEN_LEN,
+        TLS_KEY_LEN,
         BufferStats,
         Event,
         Receiver,
@@ -35,4 +36,5 @@ __all__ = [
     "SenderStats",
     "StageStats",
     "TOKEN_LEN",
+    "TLS_KEY_LEN",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from types import TracebackType
-from typing import NamedTuple, Sequence, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 from . import _engine
 
@@ -29,11 +29,13 @@ __all__ = [
     "SenderStats",
     "StageStats",
     "TOKEN_LEN",
+    "TLS_KEY_LEN",
     "CHUNK_SIZE_MAX",
     "frame_hash",
 ]
 
 TOKEN_LEN: int = _engine.TOKEN_LEN
+TLS_KEY_LEN: int = _engine.TLS_KEY_LEN
 CHUNK_SIZE_MAX: int = _engine.CHUNK_SIZE_MAX
 _NS = 1e-9
 _M64 = (1 << 64) - 1
@@ -166,6 +168,14 @@ def _check_throttle(name: str, value: Sequence[int]) -> tuple[int, int]:
             _check_int(f"{name}[1] (total_bps)", total_bps, 0))
 
 
+def _check_key(key: Optional[bytes]) -> Optional[bytes]:
+    if key is None:
+        return None
+    if not isinstance(key, (bytes, bytearray)) or len(key) != TLS_KEY_LEN:
+        raise ValueError(f"tls_key must be None or {TLS_KEY_LEN} bytes")
+    return bytes(key)
+
+
 def _check_common(token: bytes, chunk_size: int, memory_bytes: int, max_threads: int) -> None:
     if not isinstance(token, (bytes, bytearray)) or len(token) != TOKEN_LEN:
         raise ValueError(f"token must be {TOKEN_LEN} bytes (e.g. os.urandom({TOKEN_LEN}))")
@@ -197,6 +207,8 @@ class Sender:
     :param sndbuf: SO_SNDBUF for each connection (0: kernel default, autotuned).
     :param fault_corrupt: test hook: flip one payload byte of the next N frames after hashing.
     :param threads: ``(read, net)`` thread counts to start with.
+    :param tls_key: 32 bytes: every data connection speaks TLS 1.3 keyed with it (external
+        PSK + ECDHE, no certificates; the receiver must hold the same key). None: plain TCP.
     """
 
     def __init__(
@@ -213,6 +225,7 @@ class Sender:
         fault_corrupt: int = 0,
         *,
         threads: tuple[int, int] = (1, 1),
+        tls_key: Optional[bytes] = None,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise ValueError("host must be a non-empty string")
@@ -225,8 +238,9 @@ class Sender:
         nr, nn = self._check_threads(threads, max_threads)
         self.chunk_size = chunk_size
         self.max_threads = max_threads
+        self.encrypted = tls_key is not None
         self._e = _engine.Sender(host, port, bytes(token), chunk_size, memory_bytes, max_threads,
-                                 rt, rT, nt, nT, sndbuf, fault_corrupt, nr, nn)
+                                 rt, rT, nt, nT, sndbuf, fault_corrupt, nr, nn, _check_key(tls_key))
 
     @staticmethod
     def _check_threads(threads: Sequence[int], max_threads: int) -> tuple[int, int]:
@@ -373,6 +387,8 @@ class Receiver:
     :param write_throttle: ``(thread_bps, total_bps)`` for the write stage, bytes/s.
     :param rcvbuf: SO_RCVBUF of the data connections (0: kernel default, autotuned).
     :param threads: write threads to start with.
+    :param tls_key: 32 bytes: connections must speak TLS 1.3 keyed with it (see Sender); a
+        connection without the key fails its handshake and is counted as rejected.
     """
 
     def __init__(
@@ -387,6 +403,7 @@ class Receiver:
         rcvbuf: int = 0,
         *,
         threads: int = 1,
+        tls_key: Optional[bytes] = None,
     ) -> None:
         if not isinstance(host, str):
             raise ValueError("host must be a string ('' binds every address)")
@@ -397,8 +414,9 @@ class Receiver:
         _check_int("threads", threads, 0, max_threads)
         self.chunk_size = chunk_size
         self.max_threads = max_threads
+        self.encrypted = tls_key is not None
         self._e = _engine.Receiver(host, port, bytes(token), chunk_size, memory_bytes,
-                                   max_threads, wt, wT, rcvbuf, threads)
+                                   max_threads, wt, wT, rcvbuf, threads, _check_key(tls_key))
 
     @property
     def port(self) -> int:

@@ -120,6 +120,20 @@ static int amdt_parse_token(Py_buffer *tok)
     return 0;
 }
 
+/* tls_key: None (plain connections) or AMDT_TLS_KEY_LEN bytes copied into key.
+ * Returns key, NULL for None, or NULL with an exception set (check PyErr_Occurred). */
+static const uint8_t *amdt_parse_tls_key(PyObject *o, uint8_t *key)
+{
+    if (o == NULL || o == Py_None)
+        return NULL;
+    if (!PyBytes_Check(o) || PyBytes_GET_SIZE(o) != AMDT_TLS_KEY_LEN) {
+        PyErr_Format(PyExc_ValueError, "tls_key must be None or %d bytes", AMDT_TLS_KEY_LEN);
+        return NULL;
+    }
+    memcpy(key, PyBytes_AS_STRING(o), AMDT_TLS_KEY_LEN);
+    return key;
+}
+
 /* ---- Sender ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -142,22 +156,27 @@ static int Sender_init(SenderObject *self, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"host", "port", "token", "chunk_size", "memory_bytes",
                              "max_threads", "read_thread_bps", "read_total_bps",
                              "net_thread_bps", "net_total_bps", "sndbuf", "fault_corrupt",
-                             "read_threads", "net_threads", NULL};
+                             "read_threads", "net_threads", "tls_key", NULL};
     const char *host;
     int port, max_threads = 64, sndbuf = 0, fault = 0, nr = 1, nn = 1;
     Py_buffer tok = {0};
     long long chunk, mem, rt = 0, rT = 0, nt = 0, nT = 0;
     char err[ERRLEN] = "";
     amdt_sender *s;
+    PyObject *tls_obj = Py_None;
+    uint8_t tls_key[AMDT_TLS_KEY_LEN];
 
     if (self->s != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Sender.__init__ called twice");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLLLiiii", kwlist, &host, &port, &tok,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLLLiiiiO", kwlist, &host, &port, &tok,
                                      &chunk, &mem, &max_threads, &rt, &rT, &nt, &nT, &sndbuf,
-                                     &fault, &nr, &nn))
+                                     &fault, &nr, &nn, &tls_obj))
         return -1;
+    const uint8_t *key = amdt_parse_tls_key(tls_obj, tls_key);
+    if (key == NULL && PyErr_Occurred())
+        goto error;
     if (amdt_parse_token(&tok) != 0 || amdt_check_nonneg(chunk, "chunk_size") != 0 ||
         amdt_check_nonneg(mem, "memory_bytes") != 0 || amdt_check_nonneg(rt, "read_thread_bps") ||
         amdt_check_nonneg(rT, "read_total_bps") || amdt_check_nonneg(nt, "net_thread_bps") ||
@@ -177,6 +196,7 @@ static int Sender_init(SenderObject *self, PyObject *args, PyObject *kwds)
         .read_thread_bps = (uint64_t)rt, .read_total_bps = (uint64_t)rT,
         .net_thread_bps = (uint64_t)nt, .net_total_bps = (uint64_t)nT, .sndbuf = sndbuf,
         .fault_corrupt = fault < 0 ? 0 : fault, .read_threads = nr, .net_threads = nn,
+        .tls_key = key,
     };
     /* Name resolution and thread start can block. */
     Py_BEGIN_ALLOW_THREADS
@@ -439,7 +459,7 @@ static PyGetSetDef Sender_getset[] = {
 static PyType_Slot Sender_slots[] = {
     {Py_tp_doc, "Sender(host, port, token, chunk_size, memory_bytes, max_threads=64, "
                 "read_thread_bps=0, read_total_bps=0, net_thread_bps=0, net_total_bps=0, "
-                "sndbuf=0, fault_corrupt=0, read_threads=1, net_threads=1)"},
+                "sndbuf=0, fault_corrupt=0, read_threads=1, net_threads=1, tls_key=None)"},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, Sender_init},
     {Py_tp_dealloc, Sender_dealloc},
@@ -476,21 +496,26 @@ static int Receiver_init(ReceiverObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"host", "port", "token", "chunk_size", "memory_bytes",
                              "max_threads", "write_thread_bps", "write_total_bps", "rcvbuf",
-                             "write_threads", NULL};
+                             "write_threads", "tls_key", NULL};
     const char *host;
     int port, max_threads = 64, rcvbuf = 0, nw = 1;
     Py_buffer tok = {0};
     long long chunk, mem, wt = 0, wT = 0;
     char err[ERRLEN] = "";
     amdt_receiver *r;
+    PyObject *tls_obj = Py_None;
+    uint8_t tls_key[AMDT_TLS_KEY_LEN];
 
     if (self->r != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Receiver.__init__ called twice");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLii", kwlist, &host, &port, &tok,
-                                     &chunk, &mem, &max_threads, &wt, &wT, &rcvbuf, &nw))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLiiO", kwlist, &host, &port, &tok,
+                                     &chunk, &mem, &max_threads, &wt, &wT, &rcvbuf, &nw, &tls_obj))
         return -1;
+    const uint8_t *key = amdt_parse_tls_key(tls_obj, tls_key);
+    if (key == NULL && PyErr_Occurred())
+        goto error;
     if (amdt_parse_token(&tok) != 0 || amdt_check_nonneg(chunk, "chunk_size") != 0 ||
         amdt_check_nonneg(mem, "memory_bytes") != 0 ||
         amdt_check_nonneg(wt, "write_thread_bps") != 0 ||
@@ -508,7 +533,7 @@ static int Receiver_init(ReceiverObject *self, PyObject *args, PyObject *kwds)
         .host = host, .port = port, .token = tok.buf, .chunk_size = (uint64_t)chunk,
         .memory_bytes = (uint64_t)mem, .max_threads = max_threads,
         .write_thread_bps = (uint64_t)wt, .write_total_bps = (uint64_t)wT, .rcvbuf = rcvbuf,
-        .write_threads = nw,
+        .write_threads = nw, .tls_key = key,
     };
     /* bind/listen and thread start can block. */
     Py_BEGIN_ALLOW_THREADS
@@ -748,7 +773,7 @@ static PyGetSetDef Receiver_getset[] = {
 
 static PyType_Slot Receiver_slots[] = {
     {Py_tp_doc, "Receiver(host, port, token, chunk_size, memory_bytes, max_threads=64, "
-                "write_thread_bps=0, write_total_bps=0, rcvbuf=0, write_threads=1)"},
+                "write_thread_bps=0, write_total_bps=0, rcvbuf=0, write_threads=1, tls_key=None)"},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, Receiver_init},
     {Py_tp_dealloc, Receiver_dealloc},
@@ -819,6 +844,7 @@ static int amdt_exec(PyObject *m)
 
     /* Tunables and format constants, readable from Python and tests. */
     if (PyModule_AddIntConstant(m, "TOKEN_LEN", AMDT_TOKEN_LEN) < 0 ||
+        PyModule_AddIntConstant(m, "TLS_KEY_LEN", AMDT_TLS_KEY_LEN) < 0 ||
         PyModule_AddIntConstant(m, "HELLO_LEN", AMDT_HELLO_LEN) < 0 ||
         PyModule_AddIntConstant(m, "FRAME_HEADER_LEN", AMDT_FRAME_HDR_LEN) < 0 ||
         PyModule_AddIntConstant(m, "FRAME_MAGIC", AMDT_FRAME_MAGIC) < 0 ||

@@ -75,6 +75,8 @@ amdt_receiver *amdt_receiver_new(const amdt_receiver_cfg *cfg, char *err, size_t
     r->lsock = -1;
     memcpy(r->token, cfg->token, AMDT_TOKEN_LEN);
     r->chunk_size = cfg->chunk_size;
+    if (cfg->tls_key != NULL && (r->tls = amdt_tls_new(1, cfg->tls_key, err, errlen)) == NULL)
+        goto error_free;
 
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
@@ -182,6 +184,7 @@ error_free:
         freeaddrinfo(res);
     if (r->lsock >= 0)
         close(r->lsock);
+    amdt_tls_free(r->tls);
     free(r);
 error:
     return NULL;
@@ -375,7 +378,7 @@ static void *amdt_accept_main(void *arg)
 /* Receive exactly len bytes. Returns 0, 1 on EOF before the first byte (when eof_ok),
  * or -1 (error, EOF inside, timeout past deadline_ns, stop) with *err set (0 for EOF).
  * `progress` (may be NULL) gets payload bytes added as they arrive. */
-static int amdt_recv_full(amdt_receiver *r, int fd, uint8_t *buf, size_t len,
+static int amdt_recv_full(amdt_receiver *r, amdt_link *l, uint8_t *buf, size_t len,
                           uint64_t deadline_ns, int eof_ok, amdt_stage *progress, int *err,
                           size_t *got_out)
 {
@@ -388,7 +391,7 @@ static int amdt_recv_full(amdt_receiver *r, int fd, uint8_t *buf, size_t len,
             rc = -1;
             break;
         }
-        ssize_t n = recv(fd, buf + got, len - got, MSG_WAITALL);
+        ssize_t n = amdt_link_recv(l, buf + got, len - got);
         if (n > 0) {
             got += (size_t)n;
             if (progress != NULL)
@@ -465,6 +468,7 @@ static void amdt_conn_body(amdt_worker *w)
     amdt_receiver *r = w->stage->owner;
     amdt_conn *c = w->ctx;
     int fd = c->fd, err = 0, authed = 0;
+    amdt_link link = {.fd = fd, .ssl = NULL};
     char ebuf[128], msg[AMDT_EVENT_MSG];
     uint8_t hello[AMDT_HELLO_LEN];
 
@@ -474,7 +478,21 @@ static void amdt_conn_body(amdt_worker *w)
 
     amdt_worker_set_state(w, AMDT_STATE_IDLE);
     uint64_t deadline = amdt_now_ns() + (uint64_t)AMDT_HELLO_TIMEOUT_MS * 1000000ULL;
-    if (amdt_recv_full(r, fd, hello, sizeof(hello), deadline, 0, NULL, &err, NULL) != 0) {
+    if (r->tls != NULL) {
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)); /* the handshake writes */
+        err = amdt_tls_start(r->tls, &link, &r->stop, deadline);
+        if (err != 0) {
+            if (err != ECANCELED) {
+                __atomic_fetch_add(&r->connections_rejected, 1, __ATOMIC_RELAXED);
+                amdt_event_push(&r->events, AMDT_EV_CONN_REJECTED, 0, 0, 0, err,
+                                "TLS handshake with %s failed: %s", c->peer,
+                                err == EPROTO ? "wrong key or not TLS"
+                                              : amdt_strerror(err, ebuf, sizeof(ebuf)));
+            }
+            goto out;
+        }
+    }
+    if (amdt_recv_full(r, &link, hello, sizeof(hello), deadline, 0, NULL, &err, NULL) != 0) {
         if (err != ECANCELED) {
             __atomic_fetch_add(&r->connections_rejected, 1, __ATOMIC_RELAXED);
             amdt_event_push(&r->events, AMDT_EV_CONN_REJECTED, 0, 0, 0, err,
@@ -503,7 +521,7 @@ static void amdt_conn_body(amdt_worker *w)
 
         /* Waiting for the next frame header: the peer decides, so it is idle time. */
         amdt_worker_set_state(w, AMDT_STATE_IDLE);
-        int rc = amdt_recv_full(r, fd, raw, sizeof(raw), 0, 1, NULL, &err, &got);
+        int rc = amdt_recv_full(r, &link, raw, sizeof(raw), 0, 1, NULL, &err, &got);
         if (rc == 1)
             break; /* clean close at a frame boundary */
         if (rc != 0) {
@@ -534,7 +552,7 @@ static void amdt_conn_body(amdt_worker *w)
         slot->file_id = h.file_id;
         slot->offset = h.offset;
         slot->hash = h.hash;
-        rc = amdt_recv_full(r, fd, slot->data, h.length, 0, 0, &r->recv, &err, &got);
+        rc = amdt_recv_full(r, &link, slot->data, h.length, 0, 0, &r->recv, &err, &got);
         if (rc != 0) {
             amdt_pool_put(&r->pool, slot); /* the partial chunk is dropped */
             if (err != ECANCELED)
@@ -550,6 +568,7 @@ static void amdt_conn_body(amdt_worker *w)
 out:
     if (authed)
         __atomic_fetch_sub(&r->connections, 1, __ATOMIC_RELAXED);
+    amdt_link_end_tls(&link); /* close_notify; the socket is closed just below */
     fd = amdt_worker_take_sock(w);
     if (fd >= 0)
         close(fd);
@@ -739,5 +758,6 @@ void amdt_receiver_free(amdt_receiver *r)
     amdt_events_free(&r->events);
     pthread_cond_destroy(&r->cv_removed);
     pthread_mutex_destroy(&r->mu);
+    amdt_tls_free(r->tls);
     free(r);
 }

@@ -20,6 +20,7 @@
 #include "common.h"
 #include "pool.h"
 #include "stage.h"
+#include "tls.h"
 
 typedef struct amdt_rfile {
     uint32_t id;
@@ -44,12 +45,14 @@ typedef struct amdt_receiver_cfg {
     uint64_t write_thread_bps, write_total_bps;
     int rcvbuf;
     int write_threads; /* started at construction */
+    const uint8_t *tls_key; /* AMDT_TLS_KEY_LEN bytes: connections must speak TLS; NULL: plain */
 } amdt_receiver_cfg;
 
 typedef struct amdt_receiver {
     int stop; /* atomic: amdt_stopping() / amdt_set_stop() */
     int closed;
     uint8_t token[32];
+    amdt_tls *tls; /* NULL: plain connections */
     uint64_t chunk_size;
     int lsock;
     int port;

@@ -66,6 +66,8 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
     s->chunk_size = cfg->chunk_size;
     s->sndbuf = cfg->sndbuf;
     s->fault_corrupt = cfg->fault_corrupt;
+    if (cfg->tls_key != NULL && (s->tls = amdt_tls_new(0, cfg->tls_key, err, errlen)) == NULL)
+        goto error;
 
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
@@ -136,6 +138,8 @@ error_sys:
     if (have_mu)
         pthread_mutex_destroy(&s->mu);
 error:
+    if (s != NULL)
+        amdt_tls_free(s->tls);
     free(s);
     return NULL;
 }
@@ -602,13 +606,13 @@ static void amdt_backoff(amdt_worker *w, int fails)
     }
 }
 
-/* Send all of buf (header and hello). Returns 0 or an errno. */
-static int amdt_send_all(amdt_sender *s, int fd, const uint8_t *buf, size_t len)
+/* Send all of buf (the hello). Returns 0 or an errno. */
+static int amdt_send_all(amdt_sender *s, amdt_link *l, const uint8_t *buf, size_t len)
 {
     while (len > 0) {
         if (amdt_stopping(&s->stop))
             return ECANCELED;
-        ssize_t n = send(fd, buf, len, MSG_NOSIGNAL);
+        ssize_t n = amdt_link_send(l, buf, len);
         if (n < 0) {
             if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
                 continue; /* SO_SNDTIMEO expired: re-check the stop flag */
@@ -620,14 +624,14 @@ static int amdt_send_all(amdt_sender *s, int fd, const uint8_t *buf, size_t len)
     return 0;
 }
 
-/* Connect, set options, send the hello. Returns the socket or -1 with *err set. */
-static int amdt_connect(amdt_sender *s, amdt_worker *w, int *err)
+/* Connect, set options, start TLS when configured, send the hello. Returns 0 with l set
+ * up, or an errno. */
+static int amdt_connect(amdt_sender *s, amdt_worker *w, amdt_link *l)
 {
+    int rc = 0, *err = &rc;
     int fd = socket(s->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-        *err = errno;
-        return -1;
-    }
+    if (fd < 0)
+        return errno;
     if (s->sndbuf > 0)
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &s->sndbuf, sizeof(s->sndbuf));
     if (connect(fd, (struct sockaddr *)&s->addr, s->addrlen) != 0) {
@@ -667,40 +671,41 @@ static int amdt_connect(amdt_sender *s, amdt_worker *w, int *err)
     fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
     struct timeval tv = {.tv_sec = 0, .tv_usec = AMDT_WAIT_MS * 1000};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    l->fd = fd;
+    l->ssl = NULL;
+    if (s->tls != NULL) {
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)); /* the handshake reads */
+        uint64_t until = amdt_now_ns() + (uint64_t)AMDT_CONNECT_TIMEOUT_MS * 1000000ULL;
+        *err = amdt_tls_start(s->tls, l, &s->stop, until);
+        if (*err != 0)
+            goto error;
+    }
 
     uint8_t hello[AMDT_HELLO_LEN];
     memcpy(hello, AMDT_HELLO_MAGIC, AMDT_HELLO_MAGIC_LEN);
     memcpy(hello + AMDT_HELLO_MAGIC_LEN, s->token, AMDT_TOKEN_LEN);
-    *err = amdt_send_all(s, fd, hello, sizeof(hello));
+    *err = amdt_send_all(s, l, hello, sizeof(hello));
     if (*err != 0)
         goto error;
-    return fd;
+    return 0;
 
 error:
+    amdt_link_end_tls(l);
     close(fd);
-    return -1;
+    l->fd = -1;
+    return rc;
 }
 
 /* Send one frame: header + payload with sendmsg, counting payload bytes as they leave.
  * Returns 0 or an errno. */
-static int amdt_send_frame(amdt_sender *s, int fd, const uint8_t *hdr, amdt_slot *slot)
+static int amdt_send_frame(amdt_sender *s, amdt_link *l, const uint8_t *hdr, amdt_slot *slot)
 {
     size_t hdr_left = AMDT_FRAME_HDR_LEN, pay_done = 0;
     while (hdr_left > 0 || pay_done < slot->length) {
         if (amdt_stopping(&s->stop))
             return ECANCELED;
-        struct iovec iov[2];
-        int n_iov = 0;
-        if (hdr_left > 0) {
-            iov[n_iov].iov_base = (void *)(hdr + AMDT_FRAME_HDR_LEN - hdr_left);
-            iov[n_iov].iov_len = hdr_left;
-            n_iov++;
-        }
-        iov[n_iov].iov_base = slot->data + pay_done;
-        iov[n_iov].iov_len = slot->length - pay_done;
-        n_iov++;
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n_iov};
-        ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        ssize_t n = amdt_link_send2(l, hdr + AMDT_FRAME_HDR_LEN - hdr_left, hdr_left,
+                                    slot->data + pay_done, slot->length - pay_done);
         if (n < 0) {
             if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
                 continue;
@@ -731,13 +736,16 @@ static int amdt_take_fault(amdt_sender *s)
     return 0;
 }
 
-static void amdt_close_conn(amdt_worker *w)
+static void amdt_close_conn(amdt_worker *w, amdt_link *l)
 {
     int fd = amdt_worker_take_sock(w);
     if (fd >= 0) {
-        shutdown(fd, SHUT_WR); /* FIN after the last complete frame */
+        amdt_link_end_tls(l);  /* close_notify after the last complete frame */
+        shutdown(fd, SHUT_WR); /* FIN */
         close(fd);
     }
+    l->fd = -1;
+    l->ssl = NULL;
 }
 
 static void amdt_net_body(amdt_worker *w)
@@ -745,14 +753,14 @@ static void amdt_net_body(amdt_worker *w)
     amdt_sender *s = w->stage->owner;
     char ebuf[128];
     int fails = 0;
-    int fd = -1; /* this thread's connection (also published in w->sock for close) */
+    amdt_link link = {.fd = -1, .ssl = NULL}; /* this thread's connection (the socket is also
+                                                 published in w->sock for close) */
 
     while (!amdt_stage_should_exit(w)) {
-        if (fd < 0) {
-            int err = 0;
+        if (link.fd < 0) {
             amdt_worker_set_state(w, AMDT_STATE_IDLE);
-            fd = amdt_connect(s, w, &err);
-            if (fd < 0) {
+            int err = amdt_connect(s, w, &link);
+            if (err != 0) {
                 if (err != ECANCELED) {
                     amdt_event_push(&s->events, AMDT_EV_CONN_ERROR, 0, 0, 0, err,
                                     "connect %s:%d: %s", s->host, s->port,
@@ -761,7 +769,7 @@ static void amdt_net_body(amdt_worker *w)
                 }
                 continue;
             }
-            amdt_worker_set_sock(w, fd);
+            amdt_worker_set_sock(w, link.fd);
         }
 
         amdt_worker_set_state(w, AMDT_STATE_WAIT);
@@ -788,7 +796,7 @@ static void amdt_net_body(amdt_worker *w)
             slot->data[slot->length / 2] ^= 0xFF; /* after hashing: corruption on the wire */
             __atomic_fetch_add(&s->frames_corrupted, 1, __ATOMIC_RELAXED);
         }
-        int err = amdt_send_frame(s, fd, hdr, slot);
+        int err = amdt_send_frame(s, &link, hdr, slot);
         if (err != 0) {
             /* The chunk goes back to the readers (re-read: the slot may be corrupted). */
             pthread_mutex_lock(&s->mu);
@@ -796,8 +804,7 @@ static void amdt_net_body(amdt_worker *w)
                 s->pending--;
             pthread_mutex_unlock(&s->mu);
             amdt_pool_put(&s->pool, slot);
-            amdt_close_conn(w);
-            fd = -1;
+            amdt_close_conn(w, &link);
             if (err != ECANCELED) {
                 amdt_event_push(&s->events, AMDT_EV_CONN_ERROR, 0, 0, 0, err,
                                 "send to %s:%d: %s", s->host, s->port,
@@ -814,7 +821,7 @@ static void amdt_net_body(amdt_worker *w)
         pthread_mutex_unlock(&s->mu);
         amdt_pool_put(&s->pool, slot);
     }
-    amdt_close_conn(w);
+    amdt_close_conn(w, &link);
 }
 
 /* ---- control ----------------------------------------------------------------------- */
@@ -907,6 +914,7 @@ void amdt_sender_free(amdt_sender *s)
     amdt_stage_destroy(&s->read);
     amdt_pool_destroy(&s->pool);
     amdt_events_free(&s->events);
+    amdt_tls_free(s->tls);
     pthread_cond_destroy(&s->cv_work);
     pthread_mutex_destroy(&s->mu);
     free(s);

@@ -17,6 +17,7 @@
 #include <sys/types.h>
 #include "pool.h"
 #include "stage.h"
+#include "tls.h"
 
 typedef struct amdt_range {
     uint64_t offset;
@@ -62,6 +63,7 @@ typedef struct amdt_sender_cfg {
     int sndbuf;
     int fault_corrupt;
     int read_threads, net_threads; /* started at construction */
+    const uint8_t *tls_key; /* AMDT_TLS_KEY_LEN bytes: TLS on every data connection; NULL: plain */
 } amdt_sender_cfg;
 
 typedef struct amdt_sender {
@@ -74,6 +76,7 @@ typedef struct amdt_sender {
     uint8_t token[32];
     uint64_t chunk_size;
     int sndbuf;
+    amdt_tls *tls; /* NULL: plain connections */
 
     pthread_mutex_t mu;
     pthread_cond_t cv_work; /* a file or a requeued chunk was added */
