@@ -31,6 +31,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="emulated bottlenecks: comma list of read.thread=, net.thread=, write.thread=, "
                         "read.total=, net.total=, write.total= in bytes/s with K/M/G (powers of 1000)")
     p.add_argument("--secret-file", metavar="F", help="shared secret; both ends must prove it")
+    p.add_argument("--encrypt", action="store_true",
+                   help="encrypt the control channel (ZeroMQ CURVE) and the data connections (TLS 1.3); "
+                        "needs --secret-file and a receiver started with --encrypt")
     p.add_argument("--max-threads", type=int, default=32, help="upper bound of each stage's threads (default 32)")
     p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="control interval (default 1 s)")
     p.add_argument("--log", metavar="FILE", help="append one JSON object per interval to FILE")
@@ -93,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("src")
     v.add_argument("dest")
     v.add_argument("--secret-file", metavar="F")
+    v.add_argument("--encrypt", action="store_true", help="encrypted control channel (for a receiver with --encrypt)")
     v.add_argument("--chunk-size", metavar="BYTES", default="4Mi")
     v.add_argument("--json", action="store_true")
     v.add_argument("-q", "--quiet", action="store_true")
@@ -103,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--listen", required=True, metavar="HOST:PORT")
     r.add_argument("--root", required=True, metavar="DIR")
     r.add_argument("--secret-file", metavar="F")
+    r.add_argument("--encrypt", action="store_true",
+                   help="require encryption: ZeroMQ CURVE control channel and TLS 1.3 data connections, keyed "
+                        "from --secret-file; senders must use --encrypt")
     r.add_argument("--max-threads", type=int, default=64, help="clamp for write threads (default 64)")
     r.add_argument("--max-memory", default="1Gi", metavar="BYTES", help="clamp for each session's staging buffer")
     r.add_argument("--idle-timeout", type=float, default=60.0, metavar="SECONDS",
@@ -196,7 +203,7 @@ def cmd_transfer(args) -> int:
             max_duration_s=args.max_duration, fsync=args.fsync, chunk_retries=args.chunk_retries,
             timeout_s=args.timeout, sndbuf=parse_size(args.sndbuf, "sndbuf"), dry_run=args.dry_run,
             retries=max(0, args.retries), retry_sleep_s=max(0.0, args.retries_sleep),
-            verify=args.verify)
+            verify=args.verify, encrypt=args.encrypt)
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
     _check_options(opts)
@@ -219,7 +226,8 @@ def cmd_verify(args) -> int:
 
     try:
         opts = TransferOptions(verify_only=True, chunk_size=parse_size(args.chunk_size, "chunk size"),
-                               secret=read_secret(args.secret_file) if args.secret_file else None)
+                               secret=read_secret(args.secret_file) if args.secret_file else None,
+                               encrypt=args.encrypt)
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
     summary = run_transfer(args.src, args.dest, opts)
@@ -293,7 +301,7 @@ def cmd_receive(args) -> int:
         raise AutomdtError(str(e), errors.USAGE) from None
     secret = read_secret(args.secret_file) if args.secret_file else None
     server = ReceiverServer(args.root, host, port, secret=secret, max_threads=args.max_threads,
-                            max_memory=max_memory, idle_timeout_s=args.idle_timeout)
+                            max_memory=max_memory, idle_timeout_s=args.idle_timeout, encrypt=args.encrypt)
     stop = threading.Event()
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda *_: stop.set())
@@ -393,7 +401,7 @@ def cmd_explore(args) -> int:
             memory=parse_size(args.memory, "memory"), chunk_size=parse_size(args.chunk_size, "chunk size"),
             throttle=parse_throttle(args.throttle), secret=read_secret(args.secret_file) if args.secret_file else None,
             interval_s=args.interval, max_threads=args.max_threads, log_path=args.log,
-            sndbuf=parse_size(args.sndbuf, "sndbuf"))
+            sndbuf=parse_size(args.sndbuf, "sndbuf"), encrypt=args.encrypt)
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
     if args.duration < 3 * args.interval:

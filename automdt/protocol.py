@@ -8,6 +8,11 @@ Authentication (when a shared secret is set) is a mutual HMAC-SHA256 challenge: 
 proves the secret over both nonces before any name or data is accepted, the receiver proves it
 back, and the token every data connection must present is derived from the secret and the
 nonces (it never crosses the wire).
+
+Encryption (``--encrypt`` on both ends, which needs the shared secret): the control channel
+runs over ZeroMQ CURVE with a server key pair derived from the secret (so a sender that holds
+the secret also knows the receiver's public key; its own key pair is ephemeral), and the data
+connections speak TLS 1.3 keyed by :func:`data_key` (see transfer_engine/src/tls.h).
 """
 from __future__ import annotations
 
@@ -63,6 +68,19 @@ def data_token(secret: Optional[bytes], server_nonce: str, client_nonce: str, fa
     return bytes.fromhex(fallback_hex)
 
 
+def data_key(secret: bytes, server_nonce: str, client_nonce: str) -> bytes:
+    """The session's 32-byte TLS key for the data connections (distinct from the token)."""
+    return hmac.new(secret, f"tls|{server_nonce}|{client_nonce}".encode(), hashlib.sha256).digest()
+
+
+def curve_server_keys(secret: bytes) -> "tuple[bytes, bytes]":
+    """The receiver's CURVE (public, secret) key pair, Z85, derived from the shared secret."""
+    from zmq.utils import z85
+
+    sk = z85.encode(hmac.new(secret, b"curve-server", hashlib.sha256).digest())
+    return zmq.curve_public(sk), sk
+
+
 def read_secret(path: str) -> bytes:
     """Read a shared-secret file (surrounding whitespace ignored; must not be empty)."""
     try:
@@ -85,11 +103,16 @@ class ControlClient:
     with the network exit code.
     """
 
-    def __init__(self, ctx: zmq.Context, host: str, port: int, timeout_s: float = 30.0):
+    def __init__(self, ctx: zmq.Context, host: str, port: int, timeout_s: float = 30.0,
+                 curve_secret: Optional[bytes] = None):
         self.endpoint = f"tcp://{host}:{port}" if ":" not in host else f"tcp://[{host}]:{port}"
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        if curve_secret is not None:  # encrypted control channel: the receiver's key from the secret
+            pub, sec = zmq.curve_keypair()
+            self.sock.curve_serverkey = curve_server_keys(curve_secret)[0]
+            self.sock.curve_publickey, self.sock.curve_secretkey = pub, sec
         if ":" in host:
             self.sock.setsockopt(zmq.IPV6, 1)
         self.sock.connect(self.endpoint)

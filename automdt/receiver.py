@@ -149,6 +149,11 @@ class Session:
         from automdt.transfer_engine import Receiver
 
         srv = self.server
+        encrypt = msg.get("encrypt") is True
+        if srv.encrypt and not encrypt:
+            raise SessionError("this receiver requires encryption (use --encrypt)", errors.USAGE)
+        if encrypt and srv.secret is None:
+            raise SessionError("encryption needs a shared secret on both ends (--secret-file)", errors.USAGE)
         subdir = msg.get("subdir") or ""
         try:
             self.base = check_relpath(subdir) if subdir else ()
@@ -171,12 +176,14 @@ class Session:
         except UnsafePath as e:
             raise SessionError(str(e), errors.FILES_FAILED)
         wt = msg.get("write_throttle") or [0, 0]
+        key = protocol.data_key(srv.secret, self.server_nonce, self.client_nonce) if encrypt else None
         self.engine = Receiver(srv.host, 0, self.token, chunk, memory, max_threads=srv.max_threads,
-                               write_throttle=(int(wt[0]), int(wt[1])), rcvbuf=int(msg.get("rcvbuf", 0)))
+                               write_throttle=(int(wt[0]), int(wt[1])), rcvbuf=int(msg.get("rcvbuf", 0)),
+                               tls_key=key)
         self.engine.set_threads(srv.clamp_threads(int(msg.get("write_threads", 1))))
         self.state = "open"
         return {"type": "opened", "data_port": self.engine.port, "chunk_size": chunk, "memory": memory,
-                "max_threads": srv.max_threads}
+                "max_threads": srv.max_threads, "encrypted": encrypt}
 
     def _manifest(self, msg):
         plan = []
@@ -527,15 +534,20 @@ class ReceiverServer:
 
     def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
                  max_threads: int = 64, max_memory: int = 1 << 30, idle_timeout_s: float = 60.0,
-                 max_files: int = 10_000_000, max_sessions: int = 16):
+                 max_files: int = 10_000_000, max_sessions: int = 16, encrypt: bool = False):
         if not os.path.isdir(root):
             raise errors.AutomdtError(f"{root}: destination root is not a directory", errors.DIR_NOT_FOUND)
         if secret is None and not is_loopback(host):
             raise errors.AutomdtError(
                 f"refusing to listen on non-loopback address {host} without --secret-file", errors.USAGE)
+        if encrypt and secret is None:
+            raise errors.AutomdtError("--encrypt needs --secret-file (the keys derive from the shared secret)",
+                                      errors.USAGE)
         self.root = os.path.abspath(root)
         self.host = host
         self.secret = secret
+        self.encrypt = encrypt
+        """Every session must encrypt: CURVE on the control channel, TLS on the data connections."""
         self.max_threads = max_threads
         self.max_memory = max_memory
         self.idle_timeout_s = idle_timeout_s
@@ -558,6 +570,9 @@ class ReceiverServer:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        if encrypt:
+            self.sock.curve_publickey, self.sock.curve_secretkey = protocol.curve_server_keys(secret)
+            self.sock.curve_server = True
         addr = f"[{host}]" if ":" in host else host
         if ":" in host:
             self.sock.setsockopt(zmq.IPV6, 1)

@@ -85,6 +85,8 @@ class TransferOptions:
     """After the transfer, compare every file's content digest on both ends (exit 11 on a difference)."""
     verify_only: bool = False
     """Transfer nothing; only compare digests (``automdt verify``)."""
+    encrypt: bool = False
+    """CURVE on the control channel and TLS 1.3 on the data connections (needs ``secret``)."""
     data_endpoint_hook: Optional[Callable[[str, int], Tuple[str, int]]] = None
     """Test hook: maps the receiver's announced data endpoint (e.g. to a fault-injecting proxy)."""
 
@@ -109,6 +111,8 @@ class Summary:
     """Runs made (1 + network retries)."""
     threads: Dict[str, int] = field(default_factory=dict)
     errors: List[str] = field(default_factory=list)
+    encrypted: bool = False
+    """The data connections (and the control channel) were encrypted."""
     verified: Optional[int] = None
     """With ``--verify``: files whose content digest matched on both ends."""
     differences: Optional[List[str]] = None
@@ -208,10 +212,12 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
             raise AutomdtError(f"{where}: cannot create destination: {e.strerror}", errors.DIR_NOT_FOUND) from None
         secret = os.urandom(32)
         server = ReceiverServer(where, "127.0.0.1", 0, secret=secret, max_threads=max(64, opts.max_threads),
-                                max_memory=max(opts.memory, 1 << 20)).start()
+                                max_memory=max(opts.memory, 1 << 20), encrypt=opts.encrypt).start()
         host, port, subdir = "127.0.0.1", server.port, ""
     else:
         (host, port), subdir = remote, where
+        if opts.encrypt and not secret:
+            raise AutomdtError("--encrypt needs --secret-file (the keys derive from the shared secret)", errors.USAGE)
     try:
         return _Transfer(manifest, host, port, subdir, secret, opts, t_start).run()
     finally:
@@ -248,7 +254,8 @@ class _Transfer:
 
     def run(self) -> Summary:
         ctx = zmq.Context()
-        self.ctl = protocol.ControlClient(ctx, self.host, self.port, timeout_s=self.o.timeout_s)
+        self.ctl = protocol.ControlClient(ctx, self.host, self.port, timeout_s=self.o.timeout_s,
+                                          curve_secret=self.secret if self.o.encrypt else None)
         log_file = open(self.o.log_path, "a") if self.o.log_path else None
         old_handlers = _install_signal_handlers()
         try:
@@ -293,7 +300,9 @@ class _Transfer:
                                   timeout_s=min(self.o.timeout_s, 10))
         except AutomdtError as e:
             if e.code == errors.NETWORK:
-                raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (no answer to hello)", errors.NETWORK) from None
+                hint = " (or its --encrypt setting or secret differs)" if self.o.encrypt else ""
+                raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (no answer to hello){hint}",
+                                   errors.NETWORK) from None
             raise
         sn = str(ch.get("nonce", ""))
         if ch.get("auth") and not self.secret:
@@ -318,7 +327,12 @@ class _Transfer:
             "type": "open", "subdir": self.subdir, "chunk_size": self.o.chunk_size, "memory": self.o.memory,
             "write_threads": self.o.threads[2], "checksum": self.o.checksum, "fsync": self.o.fsync,
             "write_throttle": list(self.o.throttle.get("write", (0, 0))), "dry_run": self.o.dry_run,
+            "encrypt": self.o.encrypt,
         })
+        if bool(r.get("encrypted")) != self.o.encrypt:
+            raise AutomdtError(f"receiver {self.host}:{self.port} does not support encryption", errors.FATAL)
+        self.tls_key = protocol.data_key(self.secret, sn, cn) if self.o.encrypt else None
+        self.summary.encrypted = self.o.encrypt
         self.opened = True
         self.data_host, self.data_port = self.host, int(r["data_port"])
         if self.o.data_endpoint_hook is not None:
@@ -392,7 +406,7 @@ class _Transfer:
         self.engine = Sender(self.data_host, self.data_port, self.token, self.chunk_size, self.o.memory,
                              max_threads=max(self.o.max_threads, 1),
                              read_throttle=_ints(th.get("read", (0, 0))), net_throttle=_ints(th.get("net", (0, 0))),
-                             sndbuf=self.o.sndbuf, fault_corrupt=self.o.fault_corrupt)
+                             sndbuf=self.o.sndbuf, fault_corrupt=self.o.fault_corrupt, tls_key=self.tls_key)
 
         def apply(t):
             self.engine.set_threads(t[0], t[1])

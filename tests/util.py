@@ -2,8 +2,10 @@
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
+import threading
 
 CHUNK = 64 * 1024
 
@@ -32,3 +34,63 @@ def run_cli(*args, timeout=120, env=None, check_json=True):
     if check_json and "--json" in args and p.stdout.strip():
         summary = json.loads(p.stdout.strip().splitlines()[-1])
     return p.returncode, summary, p.stderr
+
+
+class TcpTap:
+    """A loopback TCP relay to ``target_port`` that records every byte its clients send."""
+
+    def __init__(self, target_port: int) -> None:
+        self.lsock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.lsock.getsockname()[1]
+        self.target = target_port
+        self.seen = bytearray()
+        self.lock = threading.Lock()
+        self.stop = False
+        self.threads: list[threading.Thread] = []
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _accept(self) -> None:
+        self.lsock.settimeout(0.1)
+        while not self.stop:
+            try:
+                c, _ = self.lsock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            u = socket.create_connection(("127.0.0.1", self.target))
+            for a, b, rec in ((c, u, True), (u, c, False)):
+                t = threading.Thread(target=self._pipe, args=(a, b, rec), daemon=True)
+                t.start()
+                self.threads.append(t)
+
+    def _pipe(self, a: socket.socket, b: socket.socket, record: bool) -> None:
+        a.settimeout(0.1)
+        try:
+            while not self.stop:
+                try:
+                    d = a.recv(65536)
+                except socket.timeout:
+                    continue
+                if not d:
+                    break
+                if record:
+                    with self.lock:
+                        self.seen += d
+                b.sendall(d)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.stop = True
+        self.lsock.close()
+        for t in self.threads:
+            t.join(5)

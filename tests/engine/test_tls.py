@@ -4,9 +4,10 @@ from __future__ import annotations
 import os
 import socket
 import ssl
-import threading
 
 import pytest
+
+from tests.util import TcpTap
 
 from .conftest import te, wait_for
 
@@ -30,73 +31,13 @@ def test_tls_copy_identical_with_churn_and_corruption_hook(rig):
     assert ts.net.bytes == rs.recv.bytes == sum(sizes)  # payload bytes, not TLS records
 
 
-class _Tap:
-    """A TCP relay that records every byte the sender sends to the receiver."""
-
-    def __init__(self, target_port: int) -> None:
-        self.lsock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.lsock.getsockname()[1]
-        self.target = target_port
-        self.seen = bytearray()
-        self.lock = threading.Lock()
-        self.stop = False
-        self.threads: list[threading.Thread] = []
-        t = threading.Thread(target=self._accept, daemon=True)
-        t.start()
-        self.threads.append(t)
-
-    def _accept(self) -> None:
-        self.lsock.settimeout(0.1)
-        while not self.stop:
-            try:
-                c, _ = self.lsock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            u = socket.create_connection(("127.0.0.1", self.target))
-            for a, b, rec in ((c, u, True), (u, c, False)):
-                t = threading.Thread(target=self._pipe, args=(a, b, rec), daemon=True)
-                t.start()
-                self.threads.append(t)
-
-    def _pipe(self, a: socket.socket, b: socket.socket, record: bool) -> None:
-        a.settimeout(0.1)
-        try:
-            while not self.stop:
-                try:
-                    d = a.recv(65536)
-                except socket.timeout:
-                    continue
-                if not d:
-                    break
-                if record:
-                    with self.lock:
-                        self.seen += d
-                b.sendall(d)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.stop = True
-        self.lsock.close()
-        for t in self.threads:
-            t.join(5)
-
-
 @pytest.mark.parametrize("encrypted", [False, True])
 def test_wire_carries_ciphertext_only_when_encrypted(tmp_path, engines, encrypted):
     key = os.urandom(32) if encrypted else None
     token = os.urandom(32)
     rx = te.Receiver("127.0.0.1", 0, token, CHUNK, 4 << 20, threads=1, tls_key=key)
     engines(rx)
-    tap = _Tap(rx.port)
+    tap = TcpTap(rx.port)
     try:
         tx = te.Sender("127.0.0.1", tap.port, token, CHUNK, 4 << 20, threads=(1, 1), tls_key=key)
         engines(tx)

@@ -80,6 +80,9 @@ amdt_tls *amdt_tls_new(int server, const uint8_t *key, char *err, size_t errlen)
     }
     SSL_CTX_set_app_data(t->ctx, t);
     SSL_CTX_set_mode(t->ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    /* A connection that ends without close_notify (the sender's engine shut its sockets at
+     * close) ends like plain TCP: frames are whole and verified or dropped, never spliced. */
+    SSL_CTX_set_options(t->ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
     if (server) {
         SSL_CTX_set_psk_find_session_callback(t->ctx, amdt_psk_find);
         SSL_CTX_set_num_tickets(t->ctx, 0); /* the sender never reads: no tickets to pile up */
