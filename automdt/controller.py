@@ -45,6 +45,7 @@ class Controller:
         self._last_t = self.t0
         self._last: Optional[Tuple[int, int, int]] = None
         self._last_busy: Optional[Tuple[float, ...]] = None
+        self._last_tcp: Tuple[int, int] = (0, 0)
         self._proc = psutil.Process()
         self._proc.cpu_percent(None)
         self.history: list = []
@@ -60,8 +61,12 @@ class Controller:
         return (time.monotonic() if now is None else now) - self._last_t >= self.interval_s
 
     def tick(self, sender_stats: Any, receiver_stats: Dict[str, Any], now: Optional[float] = None,
-             loss: float = 0.0) -> Optional[Dict[str, Any]]:
-        """Called often; acts once an interval has passed. Returns the interval record if it acted."""
+             loss: Optional[float] = None) -> Optional[Dict[str, Any]]:
+        """Called often; acts once an interval has passed. Returns the interval record if it acted.
+
+        ``loss`` overrides the network loss ratio, which is otherwise the share of TCP segments
+        the data connections retransmitted in the interval (the sender's TCP_INFO counters)."""
+        tcp = (int(getattr(sender_stats, "tcp_segs_out", 0)), int(getattr(sender_stats, "tcp_retrans", 0)))
         now = time.monotonic() if now is None else now
         read_b = _stage(sender_stats, "read")["bytes"]
         net_b = _stage(sender_stats, "net")["bytes"]
@@ -71,6 +76,7 @@ class Controller:
             self._last = (read_b, net_b, write_b)
             self._last_busy = busy
             self._last_t = now
+            self._last_tcp = tcp
             return None
         dt = now - self._last_t
         if dt < self.interval_s:
@@ -79,6 +85,10 @@ class Controller:
         tput = tuple(b / dt for b in moved)
         d = [b - a for a, b in zip(self._last_busy, busy)]
         self._last, self._last_busy, self._last_t = (read_b, net_b, write_b), busy, now
+        if loss is None:
+            segs, retrans = tcp[0] - self._last_tcp[0], tcp[1] - self._last_tcp[1]
+            loss = min(1.0, retrans / segs) if segs > 0 and retrans > 0 else 0.0
+        self._last_tcp = tcp
         sbuf = _stage(sender_stats, "buffer")
         rbuf = receiver_stats.get("buffer", {}) if receiver_stats else {}
         fill = (_frac(sbuf), _frac(rbuf))
@@ -92,6 +102,7 @@ class Controller:
             "throughput": dict(zip(("read", "net", "write"), (round(x, 1) for x in tput))),
             "buffer": {"sender": round(fill[0], 4), "receiver": round(fill[1], 4)},
             "cpu": self._proc.cpu_percent(None),
+            "loss": round(loss, 6),
             "policy": getattr(self.policy, "name", type(self.policy).__name__),
             "next_threads": dict(zip(("read", "net", "write"), new)),
             # raw counters of the interval, for exploration and profile fitting

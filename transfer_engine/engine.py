@@ -118,6 +118,10 @@ class SenderStats(NamedTuple):
     """Chunks queued to read + staged + in flight; 0 means everything reached the kernel."""
     files_failed: int
     """Files that failed (see the file_error events)."""
+    tcp_segs_out: int
+    """TCP segments sent on the data connections so far (TCP_INFO, closed ones included)."""
+    tcp_retrans: int
+    """TCP segments retransmitted on them: the network stage's loss is the ratio of the two."""
 
 
 class ReceiverStats(NamedTuple):

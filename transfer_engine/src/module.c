@@ -400,11 +400,12 @@ static PyObject *Sender_stats(SenderObject *self, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     amdt_sender_get_stats(self->s, &st);
-    return Py_BuildValue("(KNNNKKKKK)", (unsigned long long)st.time_ns, amdt_stage_tuple(&st.read),
+    return Py_BuildValue("(KNNNKKKKKKK)", (unsigned long long)st.time_ns, amdt_stage_tuple(&st.read),
                          amdt_stage_tuple(&st.net), amdt_buffer_tuple(&st.buffer),
                          (unsigned long long)st.chunks_sent, (unsigned long long)st.chunks_requeued,
                          (unsigned long long)st.frames_corrupted,
-                         (unsigned long long)st.chunks_pending, (unsigned long long)st.files_failed);
+                         (unsigned long long)st.chunks_pending, (unsigned long long)st.files_failed,
+                         (unsigned long long)st.tcp_segs_out, (unsigned long long)st.tcp_retrans);
 }
 
 static PyObject *Sender_events(SenderObject *self, PyObject *Py_UNUSED(ignored))

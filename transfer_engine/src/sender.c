@@ -5,6 +5,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+
+#include "tcpinfo.h"
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -736,9 +738,22 @@ static int amdt_take_fault(amdt_sender *s)
     return 0;
 }
 
-static void amdt_close_conn(amdt_worker *w, amdt_link *l)
+/* Unpublish the thread's socket, adding its TCP counters to the closed connections' totals in
+ * the same critical section, so that the stats never see a connection twice or not at all. */
+static int amdt_take_conn(amdt_sender *s, amdt_worker *w)
 {
-    int fd = amdt_worker_take_sock(w);
+    pthread_mutex_lock(&s->net.mu);
+    int fd = w->sock;
+    w->sock = -1;
+    if (fd >= 0)
+        amdt_tcp_counters(fd, &s->tcp_segs_closed, &s->tcp_retrans_closed);
+    pthread_mutex_unlock(&s->net.mu);
+    return fd;
+}
+
+static void amdt_close_conn(amdt_sender *s, amdt_worker *w, amdt_link *l)
+{
+    int fd = amdt_take_conn(s, w);
     if (fd >= 0) {
         amdt_link_end_tls(l);  /* close_notify after the last complete frame */
         shutdown(fd, SHUT_WR); /* FIN */
@@ -804,7 +819,7 @@ static void amdt_net_body(amdt_worker *w)
                 s->pending--;
             pthread_mutex_unlock(&s->mu);
             amdt_pool_put(&s->pool, slot);
-            amdt_close_conn(w, &link);
+            amdt_close_conn(s, w, &link);
             if (err != ECANCELED) {
                 amdt_event_push(&s->events, AMDT_EV_CONN_ERROR, 0, 0, 0, err,
                                 "send to %s:%d: %s", s->host, s->port,
@@ -821,7 +836,7 @@ static void amdt_net_body(amdt_worker *w)
         pthread_mutex_unlock(&s->mu);
         amdt_pool_put(&s->pool, slot);
     }
-    amdt_close_conn(w, &link);
+    amdt_close_conn(s, w, &link);
 }
 
 /* ---- control ----------------------------------------------------------------------- */
@@ -859,6 +874,14 @@ void amdt_sender_get_stats(amdt_sender *s, amdt_sender_stats *out)
     out->chunks_pending = s->pending;
     out->files_failed = s->files_failed;
     pthread_mutex_unlock(&s->mu);
+    /* TCP_INFO is a non-blocking getsockopt: fine under the stage lock (see amdt_take_conn). */
+    pthread_mutex_lock(&s->net.mu);
+    out->tcp_segs_out = s->tcp_segs_closed;
+    out->tcp_retrans = s->tcp_retrans_closed;
+    for (int i = 0; i < s->net.max_threads; i++)
+        if (s->net.workers[i].sock >= 0)
+            amdt_tcp_counters(s->net.workers[i].sock, &out->tcp_segs_out, &out->tcp_retrans);
+    pthread_mutex_unlock(&s->net.mu);
 }
 
 void amdt_sender_close(amdt_sender *s)

@@ -87,6 +87,7 @@ typedef struct amdt_sender {
     uint64_t files_failed;
 
     uint64_t chunks_sent, chunks_requeued, frames_corrupted; /* atomics */
+    uint64_t tcp_segs_closed, tcp_retrans_closed; /* of closed connections, under net.mu */
     int fault_corrupt;                                       /* atomic */
 
     amdt_pool pool;
@@ -99,6 +100,7 @@ typedef struct amdt_sender_stats {
     amdt_stage_stats read, net;
     amdt_pool_stats buffer;
     uint64_t chunks_sent, chunks_requeued, frames_corrupted, chunks_pending, files_failed;
+    uint64_t tcp_segs_out, tcp_retrans; /* TCP segments sent / retransmitted, all connections */
 } amdt_sender_stats;
 
 /* Blocking (name resolution, thread start): call without the GIL. NULL + err on failure. */
