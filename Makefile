@@ -5,17 +5,17 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.automdt-installed
-SYSPKG := libxxhash-dev
+SYSPKG := libxxhash-dev libssl-dev
 
 .PHONY: setup demo test test-all bench build clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py requirements.lock $(wildcard transfer_engine/src/*.c transfer_engine/src/*.h)
-	@if [ ! -f /usr/include/xxhash.h ]; then \
+	@if [ ! -f /usr/include/xxhash.h ] || [ ! -f /usr/include/openssl/ssl.h ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSPKG)) ; \
-	  else echo "automdt: please install $(SYSPKG) (xxHash headers) as root" >&2; exit 1; fi ; fi
+	  else echo "automdt: please install $(SYSPKG) (xxHash and OpenSSL headers) as root" >&2; exit 1; fi ; fi
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.lock
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .

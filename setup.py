@@ -1,7 +1,7 @@
 """Build of the C transfer engine (automdt.transfer_engine._engine).
 
 Everything else is declared in pyproject.toml. The engine links the system xxHash library
-(Debian: libxxhash-dev, installed by `make setup`).
+and OpenSSL (Debian: libxxhash-dev, libssl-dev, installed by `make setup`).
 """
 import glob
 
