@@ -12,6 +12,9 @@ Sections (``--only NAME[,NAME]``):
             daemon and GridFTP (globus-gridftp-server + globus-url-copy), each tool at the best
             of a few settings
   memory    peak RSS of the transferring process against the staging-buffer caps
+  encrypt   the cost of --encrypt (TLS 1.3 data connections, CURVE control channel): plain vs
+            encrypted on loopback (CPU-bound: Gbit/s and CPU-seconds per GB) and on a 1 Gbit/s
+            veth link between two namespaces
 
 Every figure is a median of --reps repetitions (default 3) run interleaved with the peer's
 (ours, peer, ours, peer, ...) after one untimed warm-up run of each, because the machine is
@@ -50,7 +53,7 @@ from netns import NetnsPair, netns_available, rate_bits, reap_stale  # noqa: E40
 
 MiB = 1 << 20
 GiB = 1 << 30
-SECTIONS = ("link", "loopback", "datasets", "memory")
+SECTIONS = ("link", "loopback", "datasets", "memory", "encrypt")
 SHM = "/dev/shm"
 
 
@@ -768,6 +771,82 @@ def section_memory(b: Bench) -> Dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------------- 5. encryption cost
+def section_encrypt(b: Bench) -> Dict[str, Any]:
+    ds = b.data.get("large")
+    ok, why = room_for(ds.total)
+    if not ok:
+        return {"skipped": why}
+    out: Dict[str, Any] = {"dataset": ds.label(), "rows": []}
+    say(f"  plain vs --encrypt, dataset {ds.label()}, chunk 4Mi, interleaved")
+
+    def row(where: str, n: int, s: Dict[str, List[float]], cpu: Dict[str, List[float]],
+            cpu_of: str = "both ends") -> None:
+        mp, me = median(s["plain"]), median(s["encrypted"])
+        cp, ce = median(cpu["plain"]), median(cpu["encrypted"])
+        out["rows"].append({"where": where, "cpu_of": cpu_of, "net_threads": n, "plain_gbit": mp, "encrypted_gbit": me,
+                            "ratio": me / mp, "plain_cpu_s_per_gb": cp, "encrypted_cpu_s_per_gb": ce,
+                            "samples": s, "cpu_samples": cpu})
+        say(f"  {where}, threads 2,{n},2: plain {mp:.2f} Gbit/s, encrypted {me:.2f} Gbit/s "
+            f"({me / mp:.2f}x); CPU {cp:.2f} -> {ce:.2f} s per GB ({cpu_of})")
+
+    dest = os.path.join(b.scratch, "enc-dst")
+    for n in ([2] if b.quick else [2, 4]):
+        cpu: Dict[str, List[float]] = {"plain": [], "encrypted": []}
+
+        def run(extra: List[str], key: str, n=n) -> float:
+            with destination(dest, ds):
+                r = b.ours(ds, dest, f"2,{n},2", extra=extra, verify=dest)
+            cpu[key].append(r["cpu_s"] / (r["bytes"] / 1e9))
+            return gbit(r["bytes"], r["engine_s"])
+
+        s = measure(b, [("plain", lambda: run([], "plain")), ("encrypted", lambda: run(["--encrypt"], "encrypted"))])
+        for k in cpu:
+            cpu[k] = cpu[k][1:]  # drop the warm-up run
+        row("loopback", n, s, cpu)
+    shutil.rmtree(dest, ignore_errors=True)
+
+    ok, why = netns_available()
+    if not ok:
+        out["link"] = {"skipped": why}
+        return out
+    rate = "1gbit"
+    link = NetnsPair(rate=rate, qdisc=b.args.qdisc).open()
+    servers: List[subprocess.Popen] = []
+    try:
+        secret = os.path.join(b.scratch, "enc-secret")
+        with open(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(os.urandom(32).hex() + "\n")
+        in_a = link.exec_argv("a", [])
+        for enc, port in ((False, 47011), (True, 47012)):
+            root = fresh_dir(os.path.join(b.scratch, f"enc-root-{int(enc)}"))
+            argv = b.automdt + ["receive", "--listen", f"{link.addr_b}:{port}", "--root", root,
+                                "--secret-file", secret, "--idle-timeout", "120"] + (["--encrypt"] if enc else [])
+            p = PROCS.start(link.exec_argv("b", argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            servers.append(p)
+            wait_port(link.addr_b, port, 30, p, in_a)
+        cpu = {"plain": [], "encrypted": []}
+
+        def over_link(enc: bool) -> float:
+            root = os.path.join(b.scratch, f"enc-root-{int(enc)}")
+            key = "encrypted" if enc else "plain"
+            with destination(root, ds, keep_dir=True):
+                r = b.ours(ds, f"{link.addr_b}:{47012 if enc else 47011}", "2,2,2", prefix=in_a,
+                           extra=["--secret-file", secret] + (["--encrypt"] if enc else []), verify=root)
+            cpu[key].append(r["cpu_s"] / (r["bytes"] / 1e9))  # sender side only
+            return gbit(r["bytes"], r["engine_s"])
+
+        s = measure(b, [("plain", lambda: over_link(False)), ("encrypted", lambda: over_link(True))])
+        for k in cpu:
+            cpu[k] = cpu[k][1:]
+        row(f"veth {rate}", 2, s, cpu, cpu_of="sender process")
+    finally:
+        for p in servers:
+            PROCS.stop(p)
+        link.close()
+    return out
+
+
 def _mib(spec: str) -> float:
     return float(spec[:-2]) if spec.endswith("Mi") else float(spec) / MiB
 
@@ -778,10 +857,12 @@ TITLES = {
     "loopback": "2. Loopback: automdt local mode vs iperf3 -c 127.0.0.1",
     "datasets": "3. Datasets, tmpfs to tmpfs: automdt vs rsync daemon and GridFTP",
     "memory": "4. Memory: peak RSS vs the staging-buffer caps (two buffers in local mode)",
+    "encrypt": "5. Encryption: --encrypt (TLS 1.3 + CURVE) vs plain",
 }
-NEEDS = {"link": {"large"}, "loopback": {"large"}, "datasets": {"large", "small"}, "memory": {"large"}}
+NEEDS = {"link": {"large"}, "loopback": {"large"}, "datasets": {"large", "small"}, "memory": {"large"},
+         "encrypt": {"large"}}
 RUNNERS = {"link": section_link, "loopback": section_loopback, "datasets": section_datasets,
-           "memory": section_memory}
+           "memory": section_memory, "encrypt": section_encrypt}
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
