@@ -1,11 +1,14 @@
 """``automdt explore``: a short real transfer with random thread triples, then a fitted profile.
 
-Every interval the explorer draws a new (read, net, write) triple uniformly from
-``[1, max_threads]`` (seeded), the controller logs the engine counters of both ends, and
-:func:`automdt.simulator.fit.fit_profile` turns the samples into a profile: per-thread
-throughput from bytes per *busy* thread-second (the engine counts busy and waiting time
-separately, so a thread blocked on a full or empty buffer does not dilute the estimate) and
-stage bandwidth from the highest stage throughputs.
+Every interval the explorer (:class:`RandomExplorer`, seeded) sets a new (read, net, write)
+triple: either a uniform triple in ``[1, max_threads]`` or one interval of a *probe*, a short
+ascending sweep of one stage at low, log-uniform counts while the other two run at
+``max_threads`` (the class docstring has the scheme). The controller logs the engine counters of
+both ends, and :func:`automdt.simulator.fit.fit_profile` turns the samples into a profile:
+per-thread throughput from bytes per *busy* thread-second (the engine counts busy and waiting
+time separately, so a thread blocked on a full or empty buffer does not dilute the estimate) and
+stage bandwidth from the highest stage throughputs. A stage that never limited the path gets
+lower bounds, flagged in the profile's ``meta["fit"]``.
 
 Exploration moves the real dataset to DEST. If the dataset is exhausted before ``duration`` and
 DEST is local, further rounds copy it again into a scratch directory that is removed at the end.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -32,39 +36,62 @@ MIN_BUSY_FRACTION = 0.2
 
 
 class RandomExplorer:
-    """A policy that draws a random thread triple every interval (seeded).
+    """A policy that sets a random thread triple every interval (seeded, reproducible).
 
-    Half of the intervals are uniform triples in ``[1, max_threads]^3``; the other half *probe*
-    one stage (cycling read, net, write): that stage gets a uniform count and the other two get
-    ``max_threads``, so the probed stage is the bottleneck and its capacity at that count, and
-    its bandwidth once more threads stop helping, is observed directly. (With uniform triples
-    alone a fast downstream stage is almost always starved and its bandwidth stays unseen.)
+    The draws come in *blocks*. With probability ``probe_fraction`` a block is a probe: the next
+    stage in turn (read, net, write, read...) gets ``probe_len`` (3) counts drawn log-uniformly
+    from ``[low, max_threads]`` and sorted ascending, one per interval, while the other two
+    stages run at ``max_threads``. Otherwise the block is one uniform triple in
+    ``[low, max_threads]^3``.
+
+    Why: a stage's busy-time samples are usable only while its threads are mostly busy, that is,
+    while it is (nearly) the bottleneck. Uniform triples almost never make a stage that is much
+    faster per thread than the path's bottleneck the slowest one, so its per-thread throughput
+    stays unseen. With few threads (log-uniform: half the probe counts are at most
+    ``sqrt(max_threads)``) and the other stages wide open, even a fast stage limits the path and
+    shows its per-thread rate, while the high counts of a sweep reach the plateau of a slow one.
+    A sweep ascends because the interval after a thread *decrease* is unusable for that stage
+    (:func:`record_to_sample`): only its first interval is lost.
     """
 
     name = "explore-random"
 
-    def __init__(self, seed: int = 0, low: int = 1, probe_fraction: float = 0.5):
+    def __init__(self, seed: int = 0, low: int = 1, probe_fraction: float = 0.5, probe_len: int = 3):
         self.rng = random.Random(seed)
         self.low = low
         self.probe_fraction = probe_fraction
+        self.probe_len = max(1, probe_len)
         self.max_threads = 32
         self._probe = 0
+        self._queue: List[tuple] = []
 
     def reset(self, max_threads: int, seed: Optional[int] = None):
         self.max_threads = max_threads
+        self._queue = []
         return self._draw()
 
     def act(self, obs):
         return self._draw()
 
+    def _log_uniform(self, hi: int) -> int:
+        """An integer in ``[low, hi]`` whose logarithm is (nearly) uniform."""
+        lo = max(1, self.low)
+        x = math.exp(self.rng.uniform(math.log(lo), math.log(hi + 1)))
+        return max(lo, min(hi, int(x)))
+
     def _draw(self):
-        hi = max(self.low, self.max_threads)
-        if self.rng.random() < self.probe_fraction:
-            t = [hi, hi, hi]
-            t[self._probe % 3] = self.rng.randint(self.low, hi)
-            self._probe += 1
-            return tuple(t)
-        return tuple(self.rng.randint(self.low, hi) for _ in range(3))
+        if not self._queue:
+            hi = max(self.low, self.max_threads)
+            if self.rng.random() < self.probe_fraction:
+                stage = self._probe % 3
+                self._probe += 1
+                for c in sorted(self._log_uniform(hi) for _ in range(self.probe_len)):
+                    t = [hi, hi, hi]
+                    t[stage] = c
+                    self._queue.append(tuple(t))
+            else:
+                self._queue.append(tuple(self.rng.randint(self.low, hi) for _ in range(3)))
+        return self._queue.pop(0)
 
 
 def record_to_sample(rec: Dict[str, Any], prev: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -77,6 +104,8 @@ def record_to_sample(rec: Dict[str, Any], prev: Optional[Dict[str, Any]] = None)
     A stage is marked unusable for an interval (bytes 0) when its thread count went *down* at
     the start of it (its exiting threads finish the chunk they hold, so the interval carries bytes
     of more threads than it lists), or when its threads were busy less than a fifth of the time.
+    ``moved`` keeps every stage's bytes: what a stage moved is a lower bound of what it can move,
+    which is all the fit can say about a stage that never limited the path.
     """
     st = ("read", "net", "write")
     busy = [rec["busy_s"][s] for s in st]
@@ -99,6 +128,7 @@ def record_to_sample(rec: Dict[str, Any], prev: Optional[Dict[str, Any]] = None)
         "t": rec["t"],
         "threads": [rec["threads"][s] for s in st],
         "bytes": nbytes,
+        "moved": [rec["bytes"][s] for s in st],
         "busy_s": busy,
         "wait_s": [rec["wait_s"][s] for s in st],
         "interval_s": rec["interval_s"],

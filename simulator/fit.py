@@ -4,7 +4,8 @@ A sample is one control interval of an exploration run with a random thread trip
 
     {"t": 12.0,                      # seconds since the start (end of the interval)
      "threads": [r, n, w],
-     "bytes":   [r, n, w],           # payload bytes each stage moved in the interval
+     "bytes":   [r, n, w],           # payload bytes each stage moved in the interval (0: unusable)
+     "moved":   [r, n, w],           # optional: the bytes moved, also where "bytes" says unusable
      "busy_s":  [r, n, w],           # thread-seconds spent moving data (not waiting on a buffer)
      "wait_s":  [r, n, w],           # thread-seconds spent waiting on a buffer (full S, empty R...)
      "interval_s": 1.0,
@@ -17,15 +18,31 @@ sees achieved throughputs, which are capped by the bottleneck). The capacity poi
 ``(n, c)`` are then fitted with ``c(n) = min(n * TPT, B)``:
 
 1. ``B0`` = median of the top-k capacities (k = max(3, 10% of the samples)): a rough plateau;
-2. linear samples (``c < 0.7 * B0``): ``TPT`` = median of their per-thread rates (fewer than
-   three: the median of the top-3 per-thread rates, since a busy thread never beats TPT);
-3. saturated samples (the linear prediction ``n * TPT`` exceeds ``c`` by 25%): ``B`` = median
-   of their capacities. A stage with too few saturated samples never hit its bandwidth: ``B`` is
-   only a lower bound, set to ``max(B0, max_threads * TPT)`` (threads were the limit), and this
-   is recorded in ``meta``;
+2. linear samples (``c < 0.7 * B0`` and a per-thread rate at least 0.7x the top-3 median rate):
+   ``TPT`` = median of their per-thread rates (fewer than three: the median of the top-3
+   per-thread rates, since a busy thread never beats TPT). The rate condition matters on the real
+   engine: a stage limited in total (a disk, a link) but starved by another stage shows
+   ``n * rate`` above its plateau, which inflates ``B0``, while its saturated samples keep a
+   per-thread rate ``B / n`` well below TPT;
+3. saturated samples (the linear prediction ``n * TPT`` exceeds ``c`` by 25%, or by 10% for a
+   sample whose threads were >= 90% busy and whose ``c`` is within 10% of the top capacities of
+   such busy samples: a plateau just under ``max_threads * TPT``): ``B`` = median
+   of their capacities. A stage with too few saturated samples never hit its bandwidth: the data
+   only bound it from below by ``max(B0, highest achieved throughput)`` (``bandwidth_bound_bps``
+   in ``meta``), and ``B`` is set to ``max(bound, max_threads * TPT)`` (threads were the limit as
+   far as the samples show);
 4. ``TPT`` is re-estimated from the samples clearly below ``B`` (``n * TPT < 0.8 B``);
    a stage saturated even at its smallest thread count only bounds ``TPT`` from below;
 5. ``noise`` = the (trimmed) std of the relative residuals ``c / c(n) - 1``.
+6. A stage with fewer than three usable samples (its threads were nearly always waiting on a
+   buffer: it never limited the path) gets lower bounds instead of an error (``few_samples``,
+   ``tpt_lower_bound`` and ``bandwidth_lower_bound`` in ``meta``): ``TPT`` = the highest busy
+   per-thread rate of its usable samples, or without any, the highest throughput per thread it
+   achieved (``moved / (n * interval)``); ``bandwidth_bound_bps`` = the highest capacity or
+   achieved throughput seen; ``B = max(bound, max_threads * TPT)``. So that the simulator keeps
+   the measured bottleneck, such a stage's capacity at ``max_threads`` is raised to at least 1.25x
+   the weakest measured stage's (``raised_above_bottleneck``). Only a stage that moved no bytes
+   at all raises :class:`ProfileError`. Lower-bound stages have spreads 0 and no residuals.
 
 ``tpt_spread`` / ``bandwidth_spread`` are the relative standard errors of the two medians
 (``1.2533 * robust std / sqrt(count) / value``); ``meta["fit"]`` holds per-stage details.
@@ -68,12 +85,14 @@ def _arrays(samples: Sequence[Mapping[str, Any]], interval_s: float | None) -> d
     n = len(samples)
     threads = np.zeros((n, 3))
     nbytes = np.zeros((n, 3))
+    moved = np.zeros((n, 3))
     busy = np.full((n, 3), np.nan)
     intervals = np.zeros(n)
     for j, s in enumerate(samples):
         try:
             threads[j] = s["threads"]
             nbytes[j] = s["bytes"]
+            moved[j] = s["moved"] if s.get("moved") is not None else s["bytes"]
         except (KeyError, ValueError, TypeError) as e:
             raise ProfileError(f"fit_profile: sample {j} needs 'threads' and 'bytes' triples ({e})") from None
         intervals[j] = float(s.get("interval_s") or interval_s or 1.0)
@@ -84,7 +103,136 @@ def _arrays(samples: Sequence[Mapping[str, Any]], interval_s: float | None) -> d
     # Without busy counters assume the threads were busy all interval: c is then the achieved
     # throughput, a lower bound of the capacity.
     busy = np.where(np.isnan(busy), threads * intervals[:, None], busy)
-    return {"threads": threads, "bytes": nbytes, "busy": busy, "interval": intervals}
+    return {"threads": threads, "bytes": nbytes, "moved": moved, "busy": busy, "interval": intervals}
+
+
+def _fit_stage(a: Mapping[str, np.ndarray], i: int, ok: np.ndarray, max_threads: int
+               ) -> tuple[StageProfile, dict[str, Any], np.ndarray]:
+    """Fit stage ``i`` from its (at least three) usable samples ``ok``: steps 1-4 of the module docstring."""
+    n, b, busy = a["threads"][ok, i], a["bytes"][ok, i], a["busy"][ok, i]
+    busy = np.minimum(busy, n * a["interval"][ok])  # a thread cannot be busy longer than the interval
+    per_thread = b / busy  # bytes/s of one busy thread
+    cap = n * per_thread  # stage capacity at n threads
+    k_top = max(3, int(math.ceil(0.1 * cap.size)))
+    b0 = _topk_median(cap, k_top)
+    # A stage that was the limit keeps its threads busy; a starved one only shows n * rate, which
+    # on the real engine ignores a limit of all threads together: the busy samples' own plateau.
+    limiting = busy >= 0.9 * n * a["interval"][ok]
+    b0_busy = _topk_median(cap[limiting], k_top) if limiting.sum() >= 3 else b0
+    # On the slope a busy thread runs at TPT; a low per-thread rate means a plateau, even under a
+    # b0 inflated by starved samples (a limit of all threads together does not slow a thread
+    # while the stage moves less than it, so a starved stage's n * rate overshoots its plateau).
+    lin = (cap < 0.7 * b0) & (per_thread >= 0.7 * _topk_median(per_thread, 3))
+    tpt_lower = False
+    if lin.sum() >= 3:
+        tpt = float(np.median(per_thread[lin]))
+    else:  # few points on the slope: a busy thread is never faster than TPT, take the top rates
+        tpt = _topk_median(per_thread, 3)
+        # even the fewest threads reached the plateau: TPT is only bounded from below. Unless the
+        # per-thread rate stays put while n grows: on a plateau it would fall as 1/n, so a few
+        # samples at similar counts, all on the slope, are no plateau.
+        on_slope = bool(n.max() >= 1.5 * n.min() and np.all(np.abs(per_thread / tpt - 1.0) <= 0.2))
+        tpt_lower = bool(n.min() * tpt >= 0.7 * b0) and not on_slope
+    # well below the linear prediction, or (a plateau just under max_threads * TPT) a busy sample
+    # on the busy samples' plateau and still 10% below the linear prediction
+    sat = (n * tpt >= 1.25 * cap) | (limiting & (cap >= 0.9 * b0_busy) & (n * tpt >= 1.1 * cap))
+    saturated = bool(sat.sum() >= 3) or tpt_lower
+    if tpt_lower:
+        sat = np.ones_like(sat)
+    bound = None
+    if saturated:
+        bw = float(np.median(cap[sat]))
+        bw_spread = _rel_stderr(cap[sat], bw)
+    else:  # the plateau was never reached: what the stage moved bounds B; threads were the limit
+        bound = max(b0, _achieved_max(a, i))
+        bw = max(bound, max_threads * tpt)
+        bw_spread = 0.0
+    if not tpt_lower:
+        clear = n * tpt < 0.8 * bw
+        if clear.sum() >= 3:
+            tpt = float(np.median(per_thread[clear]))
+        lin_set = per_thread[clear] if clear.sum() >= 3 else per_thread[lin]
+        tpt_spread = _rel_stderr(lin_set, tpt)
+    else:
+        tpt = max(tpt, bw / float(n.min()))
+        tpt_spread = 0.0
+    info: dict[str, Any] = {
+        "saturated": saturated,
+        "bandwidth_lower_bound": not saturated,
+        "tpt_lower_bound": tpt_lower,
+        "few_samples": False,
+        "samples_used": int(ok.sum()),
+        "samples_linear": int(lin.sum()),
+        "samples_saturated": int(sat.sum()) if saturated else 0,
+        "max_capacity_bps": float(cap.max()),
+    }
+    if bound is not None:
+        info["bandwidth_bound_bps"] = float(bound)
+    residuals = cap / capacity_array(tpt, bw, n) - 1.0
+    return StageProfile(tpt=tpt, bandwidth=bw, tpt_spread=tpt_spread, bandwidth_spread=bw_spread), info, residuals
+
+
+def _achieved_max(a: Mapping[str, np.ndarray], i: int) -> float:
+    """The highest throughput (bytes/s) stage ``i`` achieved in any sample, usable or not."""
+    return float(np.max(a["moved"][:, i] / a["interval"]))
+
+
+def _bound_stage(a: Mapping[str, np.ndarray], i: int, ok: np.ndarray, max_threads: int, name: str,
+                 min_busy_s: float) -> tuple[StageProfile, dict[str, Any]]:
+    """Lower bounds for a stage with fewer than three usable samples (step 6 of the module docstring)."""
+    n, dt = a["threads"][:, i], a["interval"]
+    achieved = a["moved"][:, i] / dt
+    if ok.any():
+        busy = np.minimum(a["busy"][ok, i], n[ok] * dt[ok])
+        per_thread = a["bytes"][ok, i] / busy
+        tpt = float(per_thread.max())
+        cap_max = float((n[ok] * per_thread).max())
+        source = f"busy-time rate of {int(ok.sum())} usable sample(s)"
+    elif achieved.max() > 0:
+        tpt = float(np.max(np.where(n >= 1, achieved / np.maximum(n, 1), 0.0)))
+        cap_max = 0.0
+        source = "highest throughput per thread"
+    else:
+        raise ProfileError(f"fit_profile: stage {name} has no usable samples (need bytes > 0 and busy_s >= "
+                           f"{min_busy_s:g}) and moved no bytes")
+    bound = max(cap_max, float(achieved.max()))
+    info = {
+        "saturated": False,
+        "bandwidth_lower_bound": True,
+        "tpt_lower_bound": True,
+        "few_samples": True,
+        "tpt_source": source,
+        "samples_used": int(ok.sum()),
+        "samples_linear": 0,
+        "samples_saturated": 0,
+        "max_capacity_bps": cap_max,
+        "bandwidth_bound_bps": bound,
+        "tpt_bound_bps": tpt,
+    }
+    return StageProfile(tpt=tpt, bandwidth=max(bound, max_threads * tpt)), info
+
+
+_ABOVE_BOTTLENECK = 1.25
+
+
+def _keep_bounds_above_bottleneck(stages: list[StageProfile], details: dict[str, Any], max_threads: int) -> None:
+    """Keep every few-sample stage at least 25% above the measured stages' weakest capacity.
+
+    Such a stage had few usable samples because its threads were mostly waiting on a buffer, so
+    it never limited the path; its bounds can still tie with (or fall below) the measured
+    bottleneck, which would move the simulator's bottleneck and the oracle to the wrong stage.
+    """
+    measured = [j for j, name in enumerate(STAGES) if not details[name]["few_samples"]]
+    if not measured:
+        return
+    ref = min(float(capacity_array(stages[j].tpt, stages[j].bandwidth, max_threads)) for j in measured)
+    for j, name in enumerate(STAGES):
+        st = stages[j]
+        if j in measured or capacity_array(st.tpt, st.bandwidth, max_threads) >= _ABOVE_BOTTLENECK * ref:
+            continue
+        bw = max(st.bandwidth, _ABOVE_BOTTLENECK * ref)
+        stages[j] = StageProfile(tpt=max(st.tpt, bw / max_threads), bandwidth=bw)
+        details[name]["raised_above_bottleneck"] = True
 
 
 def fit_profile(
@@ -114,59 +262,17 @@ def fit_profile(
     details: dict[str, Any] = {}
     residuals: list[np.ndarray] = []
     for i, name in enumerate(STAGES):
-        n, b, busy = a["threads"][:, i], a["bytes"][:, i], a["busy"][:, i]
-        ok = (n >= 1) & (b > 0) & (busy >= min_busy_s)
-        if ok.sum() < 3:
-            raise ProfileError(f"fit_profile: stage {name} has {int(ok.sum())} usable samples (need >= 3 with "
-                               f"bytes > 0 and busy_s >= {min_busy_s:g})")
-        n, b, busy = n[ok], b[ok], busy[ok]
-        busy = np.minimum(busy, n * a["interval"][ok])  # a thread cannot be busy longer than the interval
-        per_thread = b / busy  # bytes/s of one busy thread
-        cap = n * per_thread  # stage capacity at n threads
-        k_top = max(3, int(math.ceil(0.1 * cap.size)))
-        b0 = _topk_median(cap, k_top)
-        lin = cap < 0.7 * b0
-        tpt_lower = False
-        if lin.sum() >= 3:
-            tpt = float(np.median(per_thread[lin]))
-        else:  # few points on the slope: a busy thread is never faster than TPT, take the top rates
-            tpt = _topk_median(per_thread, 3)
-            # even the fewest threads reached the plateau: TPT is only bounded from below
-            tpt_lower = bool(n.min() * tpt >= 0.7 * b0)
-        sat = n * tpt >= 1.25 * cap
-        saturated = bool(sat.sum() >= 3) or tpt_lower
-        if tpt_lower:
-            sat = np.ones_like(sat)
-        if saturated:
-            bw = float(np.median(cap[sat]))
-            bw_spread = _rel_stderr(cap[sat], bw)
+        ok = (a["threads"][:, i] >= 1) & (a["bytes"][:, i] > 0) & (a["busy"][:, i] >= min_busy_s)
+        if ok.sum() >= 3:
+            stage, info, res = _fit_stage(a, i, ok, max_threads)
+            residuals.append(res)
         else:
-            bw = max(b0, max_threads * tpt)
-            bw_spread = 0.0
-        if not tpt_lower:
-            clear = n * tpt < 0.8 * bw
-            if clear.sum() >= 3:
-                tpt = float(np.median(per_thread[clear]))
-            lin_set = per_thread[clear] if clear.sum() >= 3 else per_thread[lin]
-            tpt_spread = _rel_stderr(lin_set, tpt)
-        else:
-            tpt = max(tpt, bw / float(n.min()))
-            tpt_spread = 0.0
-        stage = StageProfile(tpt=tpt, bandwidth=bw, tpt_spread=tpt_spread, bandwidth_spread=bw_spread)
+            stage, info = _bound_stage(a, i, ok, max_threads, name, min_busy_s)
         stages.append(stage)
-        pred = capacity_array(tpt, bw, n)
-        residuals.append(cap / pred - 1.0)
-        details[name] = {
-            "saturated": saturated,
-            "bandwidth_lower_bound": not saturated,
-            "tpt_lower_bound": tpt_lower,
-            "samples_used": int(ok.sum()),
-            "samples_linear": int(lin.sum()),
-            "samples_saturated": int(sat.sum()) if saturated else 0,
-            "max_capacity_bps": float(cap.max()),
-        }
-    res = np.concatenate(residuals)
-    med = float(np.median(res))
+        details[name] = info
+    _keep_bounds_above_bottleneck(stages, details, max_threads)
+    res = np.concatenate(residuals) if residuals else np.zeros(0)
+    med = float(np.median(res)) if res.size else 0.0
     spread = _robust_std(res)
     keep = np.abs(res - med) <= max(4.0 * spread, 1e-12)
     noise = float(np.std(res[keep])) if keep.sum() >= 2 else 0.0

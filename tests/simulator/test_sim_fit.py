@@ -60,10 +60,101 @@ def test_samples_without_busy_counters_are_usable():
     assert fit.read.tpt == pytest.approx(40e6, rel=0.10)
 
 
+def _drop_waiting(samples, min_busy=0.2):
+    """What ``automdt.explore.record_to_sample`` does: a stage whose threads were busy less than a
+    fifth of the interval is unusable (bytes 0); ``moved`` keeps what it moved."""
+    out = []
+    for s in samples:
+        s = dict(s, moved=list(s["bytes"]))
+        s["bytes"] = [b if busy >= min_busy * n * s["interval_s"] else 0.0
+                      for b, busy, n in zip(s["bytes"], s["busy_s"], s["threads"])]
+        out.append(s)
+    return out
+
+
+# read-bound like the experiments' scenarios, with a network 40x faster per thread than the
+# bottleneck: at any thread count its threads wait on the sender buffer >= 80% of the time.
+STARVED = Profile(read=StageProfile(10e6, 80e6), net=StageProfile(400e6, 2e9), write=StageProfile(40e6, 200e6),
+                  sender_buffer=2**27, receiver_buffer=2**27, noise=0.05)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_stage_that_never_limits_gets_flagged_lower_bounds(seed):
+    samples = _drop_waiting(synthetic_samples(STARVED, 60, np.random.default_rng(seed)))
+    fit = fit_profile(samples, buffers=(2**27, 2**27), max_threads=32)
+    info = fit.meta["fit"]["stages"]["net"]
+    assert info["few_samples"] and info["tpt_lower_bound"] and info["bandwidth_lower_bound"]
+    assert info["samples_used"] < 3 and not info["saturated"]
+    assert 0 < info["tpt_bound_bps"] <= STARVED.net.tpt and fit.net.tpt == info["tpt_bound_bps"]
+    assert 70e6 <= info["bandwidth_bound_bps"] <= STARVED.net.bandwidth  # at least the path's rate
+    assert fit.net.tpt_spread == fit.net.bandwidth_spread == 0.0
+    # the bottleneck is still fitted, and stays the simulator's bottleneck
+    assert fit.read.tpt == pytest.approx(10e6, rel=0.10) and fit.read.bandwidth == pytest.approx(80e6, rel=0.10)
+    assert fit.bottleneck == "read"
+    assert fit.achievable_bps == pytest.approx(STARVED.achievable_bps, rel=0.10)
+    assert fit.write.tpt == pytest.approx(40e6, rel=0.10)
+
+
+def test_lower_bounds_from_achieved_throughput_alone():
+    # no usable network sample at all: per-thread and stage bounds come from what it moved
+    samples = _drop_waiting(synthetic_samples(STARVED, 60, np.random.default_rng(7)))
+    for s in samples:
+        s["bytes"][1] = 0.0
+    fit = fit_profile(samples, max_threads=32)
+    info = fit.meta["fit"]["stages"]["net"]
+    assert info["samples_used"] == 0 and info["tpt_source"] == "highest throughput per thread"
+    achieved = max(s["moved"][1] / s["interval_s"] for s in samples)
+    assert info["bandwidth_bound_bps"] == pytest.approx(achieved)
+    assert info["tpt_bound_bps"] == pytest.approx(max(s["moved"][1] / s["threads"][1] for s in samples))
+    assert info["tpt_bound_bps"] <= STARVED.net.tpt and info["bandwidth_bound_bps"] <= STARVED.net.bandwidth
+    assert fit.bottleneck == "read"
+
+
+def test_lower_bound_stage_is_kept_above_the_measured_bottleneck():
+    from automdt.simulator.oracle import oracle
+
+    # Only samples with every network connection open: the per-thread bound (rate / 32) times 32
+    # ties with the read plateau; the fit places the network 25% above it.
+    samples = _drop_waiting(synthetic_samples(STARVED, 60, np.random.default_rng(3)))
+    for s in samples:
+        s["threads"][1], s["bytes"][1] = 32, 0.0
+    fit = fit_profile(samples, max_threads=32)
+    info = fit.meta["fit"]["stages"]["net"]
+    assert info["raised_above_bottleneck"]
+    assert info["bandwidth_bound_bps"] <= STARVED.net.bandwidth
+    assert fit.net.bandwidth >= 1.25 * fit.read.bandwidth * 0.999
+    assert fit.bottleneck == "read"
+    assert oracle(fit).threads[0] == pytest.approx(oracle(STARVED).threads[0], abs=1)
+
+
+def test_few_samples_on_the_slope_are_not_a_plateau():
+    # three usable samples at 3, 4 and 7 threads, all at 40 MB/s per thread (a starved fast stage)
+    rows = [([27, 3, 17], 118e6), ([29, 4, 4], 158e6), ([22, 7, 7], 81e6)]
+    samples = []
+    for (thr, moved) in rows:
+        busy = moved / 40e6
+        samples.append({"threads": thr, "bytes": [thr[0] * 10e6, moved, 0.0], "moved": [80e6, moved, 80e6],
+                        "busy_s": [thr[0], busy, 1.0], "interval_s": 1.0})
+    info = fit_profile(samples, max_threads=32).meta["fit"]["stages"]["net"]
+    assert not info["tpt_lower_bound"] and not info["saturated"]
+    assert fit_profile(samples, max_threads=32).net.tpt == pytest.approx(40e6)
+
+
+def test_profile_with_bounds_round_trips(tmp_path):
+    samples = _drop_waiting(synthetic_samples(STARVED, 40, np.random.default_rng(0)))
+    fit = fit_profile(samples, max_threads=32)
+    fit.save(tmp_path / "p.yaml")
+    again = Profile.load(tmp_path / "p.yaml")
+    assert again.meta["fit"]["stages"]["net"] == fit.meta["fit"]["stages"]["net"]
+    assert again.net == fit.net and again.bottleneck == "read"
+
+
 def test_bad_samples():
     with pytest.raises(ProfileError, match="no samples"):
         fit_profile([])
     with pytest.raises(ProfileError, match="usable samples"):
         fit_profile([{"threads": [1, 1, 1], "bytes": [0, 0, 0], "busy_s": [1, 1, 1]}] * 5)
+    with pytest.raises(ProfileError, match="stage write has no usable samples"):
+        fit_profile([{"threads": [1, 1, 1], "bytes": [1e6, 1e6, 0], "busy_s": [1, 1, 1]}] * 5)
     with pytest.raises(ProfileError, match="sample 0"):
         fit_profile([{"threads": [1, 1, 1]}])
