@@ -40,6 +40,7 @@ def flatten(rec: Dict[str, Any]) -> Dict[str, Any]:
     row["buf_sender"] = rec["buffer"]["sender"]
     row["buf_receiver"] = rec["buffer"]["receiver"]
     row["cpu"] = rec.get("cpu")
+    row["loss"] = rec.get("loss")
     for key in ("bytes", "busy_s", "wait_s"):
         for s in STAGES:
             row[f"{key}_{s}"] = (rec.get(key) or {}).get(s)

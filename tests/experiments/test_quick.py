@@ -179,6 +179,7 @@ def test_fairness_quick(tmp_path):
     both = p["t1_bps"] + p["t2_bps"]
     assert 0.6 * link <= both <= 1.1 * link  # together they share it, never exceed it
     assert 0 < p["share_t1"] < 1 and 0.5 <= p["jain"] <= 1.0
+    assert 0.0 <= p["loss_mean"] <= 1.0  # TCP retransmit ratio fed to Marlin's loss term
     md = exp.results_md()
     assert "| marlin |" in md and "Jain" in md
 
