@@ -3,6 +3,7 @@
 from typing import Sequence, Union
 
 TOKEN_LEN: int
+TLS_KEY_LEN: int
 HELLO_LEN: int
 FRAME_HEADER_LEN: int
 FRAME_MAGIC: int
@@ -37,6 +38,7 @@ class Sender:
         fault_corrupt: int = 0,
         read_threads: int = 1,
         net_threads: int = 1,
+        tls_key: bytes | None = None,
     ) -> None: ...
     def add_file(
         self,
@@ -53,10 +55,10 @@ class Sender:
     def set_throttle(self, stage: str, thread_bps: int, total_bps: int, /) -> None: ...
     def set_fault_corrupt(self, n: int, /) -> None: ...
     # (time_ns, read, net, buffer, chunks_sent, chunks_requeued, frames_corrupted,
-    #  chunks_pending, files_failed)
+    #  chunks_pending, files_failed, tcp_segs_out, tcp_retrans)
     def stats(
         self,
-    ) -> tuple[int, _StageTuple, _StageTuple, _BufferTuple, int, int, int, int, int]: ...
+    ) -> tuple[int, _StageTuple, _StageTuple, _BufferTuple, int, int, int, int, int, int, int]: ...
     def events(self) -> list[_Event]: ...
     def close(self) -> None: ...
 
@@ -75,6 +77,7 @@ class Receiver:
         write_total_bps: int = 0,
         rcvbuf: int = 0,
         write_threads: int = 1,
+        tls_key: bytes | None = None,
     ) -> None: ...
     def add_file(
         self, file_id: int, fd: int, journal_fd: int, size: int, done_chunks: bytes | None = None, /
