@@ -54,6 +54,7 @@ __all__ = [
     "POLICY_FORMAT",
     "FEATURES",
     "add_features",
+    "FeatureState",
 ]
 
 _THREADS = [OBS_NAMES.index(f"{st}/threads") for st in ("read", "net", "write")]
@@ -69,40 +70,131 @@ _ACTIVATIONS = {"Tanh": th.nn.Tanh, "ReLU": th.nn.ReLU, "ELU": th.nn.ELU, "Leaky
 """Activation functions a policy file may name (by class name; nothing else is accepted)."""
 
 
-FEATURES = ("spare_threads",)
+FEATURES = ("spare_threads", "noise_level", "debiased_spare")
 """Derived inputs a policy may add to the simulator's encoding (metadata ``features``).
 
-``spare_threads``: per stage, the threads it could shed at its best per-thread rate so far,
-``n_i * (1 - efficiency_i)``, clipped to [0, :data:`SPARE_CAP`] and divided by it. It is a pure
-function of the encoding (thread counts and thread efficiencies), spelled out because a small
+``spare_threads`` (3 inputs): per stage, the threads it could shed at its best per-thread rate so
+far, ``n_i * (1 - efficiency_i)``, clipped to [0, :data:`SPARE_CAP`] and divided by it. It is a
+pure function of the encoding (thread counts and thread efficiencies), spelled out because a small
 network finds the product hard to learn precisely, and precision is what settles a stage on
-exactly the threads it needs."""
+exactly the threads it needs.
+
+``noise_level`` (1 input): how noisy this transfer's throughputs are: the running mean, since the
+start of the transfer, of ``|log(t_i / t_i,prev)|`` (median over the three stages) over the
+intervals in which no thread count changed, divided by :data:`NOISE_SCALE` and clipped to [0, 1].
+
+``debiased_spare`` (3 inputs): ``spare_threads`` with the efficiency corrected for the noise. The
+efficiency reference is a running *maximum* of noisy per-thread rates, so it reads high by about
+the noise amplitude, and a stage at exactly the threads it needs shows ``n * (1 - efficiency)``
+of about ``n * noise * sqrt(3) * 0.6``: one spare thread is real on a quiet path and noise on a
+noisy one. This input uses ``min(1, efficiency * (1 + DEBIAS * level))``, where ``level`` is the
+unscaled ``noise_level`` (about ``1.15 * noise``), so it reads about 0 at the needed count
+whatever the noise.
+
+The last two carry state across intervals (:class:`FeatureState`) but are computed from the
+encodings alone (an interval's current and previous throughputs share one reference), so the
+training environments and the live controller see the same values.
+"""
 
 SPARE_CAP = 8.0
 """Spare threads at which the ``spare_threads`` feature saturates at 1."""
 
+NOISE_SCALE = 0.2
+"""Mean ``|log`` throughput ratio``|`` at which ``noise_level`` saturates at 1 (uniform capacity
+noise of relative std 0.1, the top of the training range, reads about 0.6)."""
+
+NOISE_PRIOR = 0.06
+"""The noise level (mean ``|log`` ratio``|``) assumed until the first interval without a thread
+change: one pseudo-sample at about the middle of the training range."""
+
+DEBIAS = 0.9
+"""``debiased_spare``'s correction per unit of the unscaled noise level: the maximum of a few
+(~4) per-thread rates with uniform noise of relative std s exceeds their mean by ~0.6*sqrt(3)*s
+~ 1.04 s, and the noise level is ~1.15 s."""
+
+_FEATURE_DIMS = {"spare_threads": 3, "noise_level": 1, "debiased_spare": 3}
+_STATEFUL = ("noise_level", "debiased_spare")
+_TPUT = [OBS_NAMES.index(f"{st}/throughput") for st in ("read", "net", "write")]
+_PREV_THREADS = [OBS_NAMES.index(f"prev/{st}/threads") for st in ("read", "net", "write")]
+_PREV_TPUT = [OBS_NAMES.index(f"prev/{st}/throughput") for st in ("read", "net", "write")]
+
 
 def feature_dim(features: Sequence[str]) -> int:
     """Number of inputs the derived ``features`` add to one encoding."""
-    return 3 * len(tuple(features))
+    return sum(_FEATURE_DIMS[f] for f in features)
 
 
-def add_features(enc: np.ndarray, features: Sequence[str], max_threads: int) -> np.ndarray:
-    """Append the derived ``features`` (:data:`FEATURES`) to encoded observations ``(..., OBS_DIM)``.
+def _spare(n: np.ndarray, eff: np.ndarray) -> np.ndarray:
+    return (np.clip(n * (1.0 - eff), 0.0, SPARE_CAP) / SPARE_CAP).astype(np.float32)
 
-    Used identically by the training environments and by :class:`PPOPolicy`.
+
+def add_features(enc: np.ndarray, features: Sequence[str], max_threads: int,
+                 state: Optional["FeatureState"] = None) -> np.ndarray:
+    """Append the derived ``features`` (:data:`FEATURES`) to encoded observations ``(N, OBS_DIM)``
+    (or one ``(OBS_DIM,)``).
+
+    Used identically by the training environments and by :class:`PPOPolicy`. Stateful features
+    need ``state``, which this call updates with ``enc`` (one row per transfer, in order).
     """
     if not features:
         return enc
+    unknown = [f for f in features if f not in _FEATURE_DIMS]
+    if unknown:
+        raise ValueError(f"unknown policy feature {unknown[0]!r}; known: {FEATURES}")
+    level = None
+    if any(f in _STATEFUL for f in features):
+        if state is None:
+            raise ValueError(f"the features {[f for f in features if f in _STATEFUL]} need a FeatureState")
+        level = state.update(enc)  # (..., 1)
+    n = enc[..., _THREADS] * float(max_threads)
+    eff = enc[..., _EFFICIENCY]
     parts = [enc]
     for name in features:
         if name == "spare_threads":
-            n = enc[..., _THREADS] * float(max_threads)
-            eff = enc[..., _EFFICIENCY]
-            parts.append((np.clip(n * (1.0 - eff), 0.0, SPARE_CAP) / SPARE_CAP).astype(np.float32))
-        else:
-            raise ValueError(f"unknown policy feature {name!r}; known: {FEATURES}")
+            parts.append(_spare(n, eff))
+        elif name == "noise_level":
+            parts.append(np.clip(level / NOISE_SCALE, 0.0, 1.0).astype(np.float32))
+        else:  # debiased_spare
+            parts.append(_spare(n, np.minimum(1.0, eff * (1.0 + DEBIAS * level))))
     return np.concatenate(parts, axis=-1)
+
+
+class FeatureState:
+    """Running state of the stateful features for ``num_envs`` transfers (one row each).
+
+    :meth:`update` consumes one encoding per row (in order, from the first interval of a transfer)
+    and returns the noise level (mean ``|log`` throughput ratio``|``, unscaled); :meth:`reset`
+    starts rows afresh (a new transfer).
+    """
+
+    def __init__(self, num_envs: int = 1) -> None:
+        self.num_envs = int(num_envs)
+        self.sum = np.zeros(self.num_envs)
+        self.count = np.zeros(self.num_envs)
+        self.seen = np.zeros(self.num_envs, dtype=bool)
+
+    def reset(self, rows: Any = None) -> None:
+        """Forget rows (all if None)."""
+        sel = slice(None) if rows is None else rows
+        self.sum[sel] = 0.0
+        self.count[sel] = 0.0
+        self.seen[sel] = False
+
+    def update(self, enc: np.ndarray) -> np.ndarray:
+        """Add one interval per row; returns the noise level, shape ``enc.shape[:-1] + (1,)``."""
+        e = np.asarray(enc, dtype=np.float64).reshape(self.num_envs, -1)
+        cur, prev = e[:, _TPUT], e[:, _PREV_TPUT]
+        held = np.all(e[:, _THREADS] == e[:, _PREV_THREADS], axis=1) & self.seen
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = np.abs(np.log(cur / prev))
+        d = np.where((cur > 0) & (prev > 0), d, np.nan)
+        ok = held & np.isfinite(d).all(axis=1)
+        sample = np.median(np.where(np.isfinite(d), d, 0.0), axis=1)
+        self.sum += np.where(ok, np.minimum(sample, 1.0), 0.0)
+        self.count += ok
+        self.seen[:] = True
+        level = (self.sum + NOISE_PRIOR) / (self.count + 1.0)
+        return level.reshape(np.shape(enc)[:-1] + (1,))
 
 
 def _not_a_policy(path: Union[str, os.PathLike], why: str) -> ValueError:
@@ -239,6 +331,7 @@ class PPOPolicy:
         self.frame_stack = int(self.metadata.get("frame_stack", 1))
         self.features = tuple(self.metadata.get("features", ()))
         width = self._encoder.observation_space.shape[0] + feature_dim(self.features)
+        self._features = FeatureState(1)
         self._stack = np.zeros(self.frame_stack * width, dtype=np.float32)
         self._gen_state: Optional[th.Tensor] = None
         space = network.action_space
@@ -324,6 +417,7 @@ class PPOPolicy:
             raise ValueError(f"max_threads must be >= 1, got {max_threads}")
         self.max_threads = int(max_threads)
         self._encoder.reset()
+        self._features.reset()
         self._stack[:] = 0.0
         if seed is not None:
             with th.random.fork_rng(devices=[]):
@@ -335,7 +429,7 @@ class PPOPolicy:
 
     def act(self, obs: Observation) -> Triple:
         """Return the thread counts for the next interval."""
-        enc = add_features(self._encoder.encode(obs), self.features, self.train_max_threads)
+        enc = add_features(self._encoder.encode(obs), self.features, self.train_max_threads, self._features)
         if self.frame_stack > 1:  # exactly as SB3 VecFrameStack: shift left, newest last
             self._stack = np.roll(self._stack, -enc.shape[0])
             self._stack[-enc.shape[0]:] = enc

@@ -91,6 +91,15 @@ class PPOConfig:
     """Per-thread cost base of the *training* reward (``None``: the ``k`` of :func:`train`).
     A base above ``k`` (e.g. 1.04 for k = 1.02) sharpens the signal against surplus threads;
     evaluation and model selection always use ``k``."""
+    reward: str = "measured"
+    """Training reward (:data:`automdt.simulator.vector.REWARD_MODES`): ``"measured"``, the utility
+    of the interval's achieved throughputs (what evaluation scores), or ``"steady"``, the
+    noise-free steady-state utility of the chosen triple (what the oracle maximises): the same
+    optimum without the capacity noise and buffer transients in the learning signal."""
+    surplus_penalty: float = 0.0
+    """Training-only shaping: reward minus this much per thread a stage runs above the episode
+    oracle's count for it (:class:`automdt.simulator.vector.BatchedBufferSim`); the optimum stays
+    the oracle's, the signal against surplus threads gets stronger. Evaluation never uses it."""
     vf_coef: float = 0.5
     """Value-loss weight."""
     max_grad_norm: float = 0.5
@@ -271,6 +280,7 @@ def train(
     eval_steps: int = 60,
     n_eval_profiles: int = 12,
     init_from: Optional[Union[str, os.PathLike]] = None,
+    select_from: float = 0.0,
 ) -> TrainReport:
     """Train a PPO policy in the simulator and write it with its metadata and learning curve.
 
@@ -302,6 +312,11 @@ def train(
     :param init_from: start from this policy file's network (e.g. ``"default"`` to fine-tune the
         shipped general policy on a fitted profile) instead of a random one; its network shape
         and ``frame_stack`` must match ``config``. The PPO optimiser state starts afresh.
+    :param select_from: keep (and stop early on) only networks evaluated after this fraction of
+        ``timesteps`` (earlier ones are still evaluated and drawn in the curve). With ``anneal``,
+        e.g. 0.75 keeps the choice among the settled late networks: an early network can score
+        well on the evaluation profiles while its high learning rate and entropy bonus still
+        leave it wavering between two thread counts.
     """
     import torch as th
     from stable_baselines3 import PPO
@@ -323,6 +338,8 @@ def train(
         timesteps = DEFAULT_TIMESTEPS_RANDOM if random_profiles else DEFAULT_TIMESTEPS
     if timesteps < 1:
         raise ValueError(f"timesteps must be >= 1, got {timesteps}")
+    if not 0.0 <= select_from < 1.0:
+        raise ValueError(f"select_from is a fraction of the budget in [0, 1), got {select_from}")
     if target_fraction is not None and not 0.0 < target_fraction <= 1.5:
         raise ValueError(f"target_fraction is a fraction of the oracle's utility (e.g. 0.95), got {target_fraction}")
     rollout = cfg.num_envs * cfg.n_steps
@@ -344,7 +361,7 @@ def train(
     venv = BatchedSimVecEnv(
         num_envs=cfg.num_envs, profile=profile, k=cfg.reward_k or k, episode_steps=cfg.episode_steps,
         randomize=randomize, random_profiles=random_profiles, random_start=random_start, noise=noise,
-        seed=seed,
+        seed=seed, reward=cfg.reward, surplus_penalty=cfg.surplus_penalty,
     )
     venv.seed(seed)  # env i gets seed + i at the first reset (SB3 VecEnv semantics)
     train_env: Any = _FeatureVecEnv(venv, cfg.features, profile.max_threads) if cfg.features else venv
@@ -405,6 +422,9 @@ def train(
         point = EvalPoint(num_timesteps, round(wall, 3), float(np.mean(rewards)) if rewards else float("nan"),
                           res["mean"], res["min"])
         curve.append(point)
+        state["last"] = (num_timesteps, res)
+        if num_timesteps < select_from * timesteps:
+            return False
         if res["mean"] > state["best"]:
             state.update(best=res["mean"], best_state=copy.deepcopy(model.policy.state_dict()),
                          best_ts=num_timesteps, best_eval=res)
@@ -458,6 +478,12 @@ def train(
     wall_s = time.perf_counter() - t0
     trained = int(model.num_timesteps)
 
+    if state["best_state"] is None:  # stopped (max_seconds) before select_from: keep the last network
+        if curve[-1].timesteps != model.num_timesteps:
+            do_eval(model.num_timesteps, cb.rewards)
+        ts_last, res_last = state["last"]
+        state.update(best=res_last["mean"], best_state=copy.deepcopy(model.policy.state_dict()), best_ts=ts_last,
+                     best_eval=res_last)
     model.policy.load_state_dict(state["best_state"])
     model.save(model_path)
     os.chmod(model_path, 0o644)
@@ -496,6 +522,7 @@ def train(
         "wall_s_to_target": None if state["t_target"] is None else round(state["t_target"], 3),
         "stop_reason": state["stop"],
         "target_fraction": target_fraction,
+        "select_from": float(select_from),
         "fraction_of_oracle": float(state["best"]),
         "min_fraction_of_oracle": float(best_eval["min"]),
         "per_profile_fraction": best_eval["per_profile"],
@@ -533,25 +560,43 @@ def _linear(start: float, end: float) -> Any:
 def _feature_vec_env_class() -> Any:
     from stable_baselines3.common.vec_env import VecEnvWrapper
 
-    from automdt.agents.ppo import _simulator_spaces, add_features
+    from automdt.agents.ppo import FeatureState, _simulator_spaces, add_features
 
     class FeatureVecEnv(VecEnvWrapper):
-        """Appends :func:`automdt.agents.ppo.add_features` to every observation (also terminal ones)."""
+        """Appends :func:`automdt.agents.ppo.add_features` to every observation (also terminal ones).
+
+        Stateful features follow each env's episodes as :class:`automdt.agents.ppo.PPOPolicy`
+        follows a transfer: a terminal observation still belongs to the old episode, the
+        observation returned with ``done`` starts the new one.
+        """
 
         def __init__(self, venv: Any, features: Sequence[str], max_threads: int) -> None:
             self.features, self.max_threads = tuple(features), int(max_threads)
+            self.state = FeatureState(venv.num_envs)
             super().__init__(venv, observation_space=_simulator_spaces(1, self.features)[0])
 
         def reset(self) -> np.ndarray:
-            return add_features(self.venv.reset(), self.features, self.max_threads)
+            self.state.reset()
+            return add_features(self.venv.reset(), self.features, self.max_threads, self.state)
 
         def step_wait(self) -> Any:
             obs, rew, done, infos = self.venv.step_wait()
-            for info in infos:
-                if "terminal_observation" in info:
-                    info["terminal_observation"] = add_features(info["terminal_observation"], self.features,
-                                                                self.max_threads)
-            return add_features(obs, self.features, self.max_threads), rew, done, infos
+            done_rows = np.flatnonzero(done)
+            if done_rows.size:
+                # the old episode's last encoding: rows that did not end see their current one again
+                # (their state is restored below), so the state arrays stay one batch
+                last = obs.copy()
+                for i in done_rows:
+                    if "terminal_observation" in infos[i]:
+                        last[i] = infos[i]["terminal_observation"]
+                saved = copy.deepcopy(self.state)
+                term = add_features(last, self.features, self.max_threads, self.state)
+                for i in done_rows:
+                    if "terminal_observation" in infos[i]:
+                        infos[i]["terminal_observation"] = term[i]
+                self.state = saved
+                self.state.reset(done_rows)
+            return add_features(obs, self.features, self.max_threads, self.state), rew, done, infos
 
     return FeatureVecEnv
 

@@ -18,9 +18,12 @@ from gymnasium.vector.vector_env import AutoresetMode
 
 from automdt.simulator.dynamics import SimCore, actions_to_threads
 from automdt.simulator.env import make_action_space, make_observation_space
-from automdt.simulator.profile import Profile
+from automdt.simulator.profile import Profile, capacity_array
 
-__all__ = ["BatchedBufferSim"]
+__all__ = ["BatchedBufferSim", "REWARD_MODES"]
+
+REWARD_MODES = ("measured", "steady")
+"""Rewards :class:`BatchedBufferSim` can return (its ``reward`` argument)."""
 
 
 class BatchedBufferSim(VectorEnv):
@@ -50,6 +53,21 @@ class BatchedBufferSim(VectorEnv):
     :param substeps: sub-steps per interval.
     :param bound_penalty: reward penalty per stage at ``max_threads``.
     :param autoreset: reset finished environments within :meth:`step`.
+    :param reward: ``"measured"`` (default): the utility of the throughputs the interval achieved,
+        as :class:`~automdt.simulator.env.BufferSimEnv`; ``"steady"``: the noise-free
+        steady-state utility of the thread triple just run, ``(min_i c_i(n_i) / scale) *
+        sum_i k**-n_i`` (the quantity :func:`~automdt.simulator.oracle.oracle` maximises), minus
+        ``bound_penalty`` as usual. A *training* option: observations, dynamics and ``infos``
+        (``utility`` included) are the same in both modes; only the returned reward differs.
+        It takes the capacity noise and the buffer transients out of the learning signal, so
+        the ~0.7% of the utility that one surplus thread costs is not buried under the
+        interval's noise.
+    :param surplus_penalty: a *training* shaping term: the reward is lowered by this much per
+        thread that a stage runs above the count the episode profile's oracle
+        (:func:`~automdt.simulator.oracle.oracle_batch` at ``k``) gives it. It only ever
+        lowers the reward of triples above the oracle's, so the optimum stays the oracle's, but
+        the cost of a surplus thread on the bottleneck stage, ~0.7% of the utility at k = 1.02,
+        becomes as large as wanted. ``infos["utility"]`` is unchanged.
     """
 
     metadata: dict[str, Any] = {"render_modes": [], "autoreset_mode": AutoresetMode.SAME_STEP}
@@ -68,8 +86,17 @@ class BatchedBufferSim(VectorEnv):
         substeps: int = 1,
         bound_penalty: float = 0.0,
         autoreset: bool = True,
+        reward: str = "measured",
+        surplus_penalty: float = 0.0,
     ) -> None:
+        if reward not in REWARD_MODES:
+            raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
+        if not surplus_penalty >= 0.0:
+            raise ValueError(f"surplus_penalty must be >= 0, got {surplus_penalty!r}")
+        self.surplus_penalty = float(surplus_penalty)
+        self._oracle_threads = np.zeros((int(num_envs), 3), dtype=np.int64)
         self.num_envs = int(num_envs)
+        self.reward_mode = reward
         self._core = SimCore(self.num_envs, profile, k, episode_steps, randomize, random_profiles, random_start,
                              noise, substeps, bound_penalty)
         self.profile = self._core.profile
@@ -124,6 +151,7 @@ class BatchedBufferSim(VectorEnv):
             self._seed(seed)
         assert self._rngs is not None
         self._core.reset_rows(self._all_rows, self._rngs, options)
+        self._after_reset(self._all_rows)
         self._needs_reset = False
         return self._core.obs.copy(), self._infos()
 
@@ -143,7 +171,9 @@ class BatchedBufferSim(VectorEnv):
         assert self._rngs is not None
         core = self._core
         core.step_threads(threads, self._rngs)
-        reward = core.reward.copy()
+        reward = core.reward.copy() if self.reward_mode == "measured" else self._steady_reward()
+        if self.surplus_penalty:
+            reward -= self.surplus_penalty * np.maximum(core.threads - self._oracle_threads, 0).sum(axis=1)
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = core.steps >= self.episode_steps
         infos = self._infos()
@@ -155,8 +185,27 @@ class BatchedBufferSim(VectorEnv):
             infos["final_obs"] = final
             infos["_final_obs"] = truncated.copy()
             core.reset_rows(done, self._rngs, None)
+            self._after_reset(done)
             obs = core.obs
         return obs.copy(), reward, terminated, truncated, infos
+
+    def _after_reset(self, rows: np.ndarray) -> None:
+        """Per-episode values of the training shaping (the oracle triple for ``surplus_penalty``)."""
+        if self.surplus_penalty:
+            from automdt.simulator.oracle import oracle_batch
+
+            c = self._core
+            self._oracle_threads[rows] = oracle_batch(c.tpt[rows], c.bw[rows], c.max_threads, self.k, c.model)[0]
+
+    def _steady_reward(self) -> np.ndarray:
+        """Noise-free steady-state utility of each env's current triple (``reward="steady"``)."""
+        c = self._core
+        caps = capacity_array(c.tpt, c.bw, c.threads.astype(np.float64), c.model)
+        pen = c._pen[c.threads]
+        reward = caps.min(axis=1) / c.scale * (pen[:, 0] + pen[:, 1] + pen[:, 2])
+        if c.bound_penalty:
+            reward = reward - c.bound_penalty * (c.threads >= c.max_threads).sum(axis=1)
+        return reward
 
     def _infos(self) -> dict[str, Any]:
         c = self._core

@@ -235,7 +235,9 @@ def test_training_module_imports_without_torch():
 
 
 @pytest.mark.parametrize("frame_stack, features", [(1, ()), (3, ()), (1, ("spare_threads",)),
-                                                    (3, ("spare_threads",))])
+                                                    (3, ("spare_threads",)),
+                                                    (3, ("spare_threads", "noise_level")),
+                                                    (2, ("debiased_spare", "noise_level"))])
 def test_policy_sees_what_the_training_env_showed(tmp_path, frame_stack, features):
     """PPOPolicy's encoding (and frame stacking) of live Observations equals the training input."""
     from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack
@@ -258,14 +260,18 @@ def test_policy_sees_what_the_training_env_showed(tmp_path, frame_stack, feature
     obs = inner.reset_infos[0]["observation"]
     threads = pol.reset(32)
     assert threads == obs.threads
-    for _ in range(20):
+    for _ in range(40):  # past the end of the 25-step episode: stateful inputs restart with it
         action, _ = pol.network.predict(x, deterministic=True)
         expected = action_to_threads(action[0], obs.threads, 32)
         threads = pol.act(obs)
         assert threads == expected
-        x, _, _, infos = venv.step(action)
-        obs = infos[0]["observation"]
-        assert obs.threads == threads
+        x, _, done, infos = venv.step(action)
+        assert infos[0]["observation"].threads == threads
+        if done[0]:  # a new episode is a new transfer
+            obs = inner.reset_infos[0]["observation"]
+            assert pol.reset(32) == obs.threads
+        else:
+            obs = infos[0]["observation"]
 
 
 def test_fast_mode_equals_sb3_predict(tiny_policy):
@@ -277,3 +283,47 @@ def test_fast_mode_equals_sb3_predict(tiny_policy):
     for x in rng.uniform(0, 1, (500, dim)).astype(np.float32):
         expected, _ = pol.network.predict(x, deterministic=True)
         assert np.array_equal(pol._mode(x), expected)
+
+
+def test_debiased_spare_counts_surplus_threads_whatever_the_noise():
+    """At the oracle's count the noise-corrected spare reads ~0 and two threads above it ~2 (within
+    half a thread at 2% capacity noise, one at 8%); the plain spare_threads reads high by about
+    twice as much."""
+    from automdt.agents.ppo import FeatureState, add_features
+    from automdt.simulator.env import BufferSimEnv
+    from automdt.simulator.oracle import oracle
+    from tests.ppo.conftest import held_out_profiles
+
+    prof = held_out_profiles()["write-bound"]
+    best = oracle(prof).threads
+    feats = ("spare_threads", "debiased_spare", "noise_level")
+    levels = {}
+    for noise in (0.02, 0.08):
+        for extra in (0, 2):
+            raw, deb, lev = [], [], []
+            for seed in range(4):
+                env = BufferSimEnv(prof, random_start=False, episode_steps=60, noise=noise)
+                obs, _ = env.reset(seed=seed)
+                state = FeatureState(1)
+                add_features(obs, feats, 32, state)
+                for t in range(45):
+                    obs, *_ = env.step_threads([(2, 2, 2), (4, 4, 4), (8, 8, 8)][t] if t < 3
+                                               else (best[0], best[1], best[2] + extra))
+                    x = add_features(obs, feats, 32, state)
+                    if t >= 15:
+                        raw.append(x[19] * 8)
+                        deb.append(x[22] * 8)
+                        lev.append(x[23])
+            assert abs(np.mean(deb) - extra) < (0.5 if noise < 0.05 else 1.0), (noise, extra, np.mean(deb))
+            assert np.mean(raw) - extra > 1.5 * (np.mean(deb) - extra)
+            levels[noise] = np.mean(lev)
+    assert levels[0.08] > 2 * levels[0.02]
+
+
+def test_stateful_features_need_a_state():
+    from automdt.agents.ppo import add_features
+
+    with pytest.raises(ValueError, match="FeatureState"):
+        add_features(np.zeros(17, np.float32), ("noise_level",), 32)
+    with pytest.raises(ValueError, match="unknown policy feature"):
+        add_features(np.zeros(17, np.float32), ("nope",), 32)

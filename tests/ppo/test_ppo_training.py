@@ -88,6 +88,19 @@ def test_max_seconds_stops_and_still_writes(tmp_path):
     assert rep.model_path.is_file() and rep.metadata_path.is_file()
 
 
+def test_select_from_keeps_only_late_networks(tmp_path):
+    rep = tiny_train(tmp_path / "late.zip", timesteps=1024, eval_every=256, select_from=0.6)
+    assert [p.timesteps for p in rep.curve][:2] == [0, 256]  # early networks are still evaluated
+    assert rep.best_timesteps >= 0.6 * 1024
+    assert json.loads(rep.metadata_path.read_text())["select_from"] == 0.6
+
+
+def test_select_from_with_an_early_stop_keeps_the_last_network(tmp_path):
+    rep = tiny_train(tmp_path / "s.zip", timesteps=10**6, max_seconds=0.0, select_from=0.5)
+    assert rep.stop_reason == "max_seconds" and rep.best_timesteps == rep.timesteps
+    assert rep.model_path.is_file()
+
+
 def test_target_reached_stops_early(tmp_path):
     # any network reaches 1% of the oracle, so the evaluation before training already stops it
     rep = tiny_train(tmp_path / "t.zip", timesteps=10**6, target_fraction=0.01)
@@ -112,6 +125,7 @@ def test_out_without_zip_suffix(tmp_path):
 @pytest.mark.parametrize("kw, match", [
     ({"timesteps": 0}, "timesteps"),
     ({"target_fraction": 5.0}, "target_fraction"),
+    ({"select_from": 1.0}, "select_from"),
 ])
 def test_bad_arguments(tmp_path, kw, match):
     with pytest.raises(ValueError, match=match):

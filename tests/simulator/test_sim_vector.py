@@ -48,6 +48,66 @@ def test_batched_step_threads_and_no_autoreset():
     batch.step_threads(np.ones((3, 3)))  # stepping past the end draws new noise, still works
 
 
+def test_steady_reward_is_the_noise_free_utility_and_changes_nothing_else():
+    """reward="steady": the oracle's objective for the triple just run; same observations and infos."""
+    from automdt.simulator.oracle import oracle
+    from automdt.simulator.profile import Profile, capacity_array
+
+    prof = Profile.default()
+    kw = dict(random_profiles=True, randomize=0.1, episode_steps=6, seed=7)
+    meas, steady = BatchedBufferSim(5, **kw), BatchedBufferSim(5, reward="steady", **kw)
+    o1, _ = meas.reset()
+    o2, _ = steady.reset()
+    np.testing.assert_array_equal(o1, o2)
+    rng = np.random.default_rng(1)
+    for _ in range(14):  # crosses autoresets
+        a = rng.integers(0, 5, (5, 3))
+        r1 = meas.step(a)
+        r2 = steady.step(a)
+        np.testing.assert_array_equal(r1[0], r2[0])
+        np.testing.assert_array_equal(r1[4]["utility"], r2[4]["utility"])
+        c, t = steady._core, r2[4]["threads"]
+        live = ~r2[3]  # rows not reset in this step still hold the profile the reward used
+        caps = capacity_array(c.tpt, c.bw, t.astype(float))
+        expected = caps.min(axis=1) / c.scale * np.power(1.02, -t.astype(float)).sum(axis=1)
+        np.testing.assert_allclose(r2[1][live], expected[live], rtol=1e-12)
+    # on one fixed noisy profile, the steady reward of the oracle's triple is the oracle's utility
+    sim = BatchedBufferSim(2, profile=prof, noise=0.1, reward="steady", seed=0)
+    sim.reset()
+    best = oracle(prof, 1.02)
+    for _ in range(3):
+        _, r, *_ = sim.step_threads(np.array([best.threads] * 2))
+        np.testing.assert_allclose(r, best.utility, rtol=1e-12)
+    more = (best.threads[0] + 1, *best.threads[1:])
+    _, r, *_ = sim.step_threads(np.array([more] * 2))
+    t_more = min(capacity_array(prof.tpt_array(), prof.bandwidth_array(), np.array(more, float)))
+    np.testing.assert_allclose(r, t_more / prof.achievable_bps * np.power(1.02, -np.array(more, float)).sum(),
+                               rtol=1e-12)
+    with pytest.raises(ValueError, match="reward"):
+        BatchedBufferSim(1, reward="noisy")
+
+
+def test_surplus_penalty_charges_threads_above_the_episode_oracle():
+    from automdt.simulator.oracle import oracle_batch
+
+    kw = dict(random_profiles=True, randomize=0.1, episode_steps=4, seed=3)
+    plain, shaped = BatchedBufferSim(6, **kw), BatchedBufferSim(6, surplus_penalty=0.05, **kw)
+    plain.reset()
+    shaped.reset()
+    rng = np.random.default_rng(2)
+    for _ in range(10):  # crosses autoresets: the penalty uses the oracle of the episode that ran
+        c = shaped._core
+        best = oracle_batch(c.tpt, c.bw, c.max_threads, 1.02, c.model)[0]
+        a = rng.integers(0, 5, (6, 3))
+        r1, r2 = plain.step(a), shaped.step(a)
+        np.testing.assert_array_equal(r1[0], r2[0])
+        np.testing.assert_array_equal(r1[4]["utility"], r2[4]["utility"])
+        surplus = np.maximum(r2[4]["threads"] - best, 0).sum(axis=1)
+        np.testing.assert_allclose(r1[1] - r2[1], 0.05 * surplus, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="surplus_penalty"):
+        BatchedBufferSim(1, surplus_penalty=-1.0)
+
+
 def test_sb3_adapter_semantics():
     from stable_baselines3.common.vec_env import VecEnv, VecMonitor
 
