@@ -373,8 +373,16 @@ def bottlenecks(st: Settings) -> Experiment:
     duration = st.duration_s or (3.0 if st.quick else 15.0)
     scenarios = _scenarios(st, ("read-bound", "net-bound", "write-bound"))
     labels, skipped = _policies(st, ALL_POLICIES, ("ppo", "marlin", "oracle"), scenarios[0])
-    rd = RunDir(st.out, "bottlenecks")
-    st.log(f"[bottlenecks] {rd.path}: {len(scenarios)} scenarios x {len(labels)} policies x {duration:g} s")
+    rd, results = _fixed_time_runs("bottlenecks", st, scenarios, labels, skipped, duration)
+    return _write_timeseries_experiment("bottlenecks", st, rd, scenarios, labels, skipped, results, duration)
+
+
+def _fixed_time_runs(name: str, st: Settings, scenarios: Sequence[Scenario], labels: Sequence[str],
+                     skipped: Dict[str, str], duration: float) -> Tuple[RunDir, List[RunResult]]:
+    """Every policy on every scenario for ``duration`` seconds of one generated dataset (and the
+    ``ppo-own`` policies explored and trained first when asked for); the run directory and results."""
+    rd = RunDir(st.out, name)
+    st.log(f"[{name}] {rd.path}: {len(scenarios)} scenarios x {len(labels)} policies x {duration:g} s")
     spec = _fixed_dataset(st, duration)
     with Scratch(st.data_dir, st.keep_data) as scratch:
         ds = spec.generate(scratch.data)
@@ -383,7 +391,7 @@ def bottlenecks(st: Settings) -> Experiment:
                      rd)
         own = _own_policies(st, scenarios, scratch, rd, skipped) if "ppo-own" in labels else {}
         results = _run_matrix(st, rd, scratch, scenarios, labels, [ds], duration, own)
-    return _write_timeseries_experiment("bottlenecks", st, rd, scenarios, labels, skipped, results, duration)
+    return rd, results
 
 
 def _write_timeseries_experiment(name: str, st: Settings, rd: RunDir, scenarios: Sequence[Scenario],
@@ -451,16 +459,7 @@ def convergence(st: Settings) -> Experiment:
     duration = st.duration_s or (5.0 if st.quick else 20.0)
     scenarios = _scenarios(st, ("read-bound",))
     labels, skipped = _policies(st, TUNERS, ("ppo", "marlin", "falcon"), scenarios[0])
-    rd = RunDir(st.out, "convergence")
-    st.log(f"[convergence] {rd.path}: {len(scenarios)} scenarios x {len(labels)} policies x {duration:g} s")
-    spec = _fixed_dataset(st, duration)
-    with Scratch(st.data_dir, st.keep_data) as scratch:
-        ds = spec.generate(scratch.data)
-        _base_config(st, scenarios, labels, skipped,
-                     {"duration_s": duration, "dataset": ds.to_dict(), "policies": _policy_config(labels, scenarios, [ds])},
-                     rd)
-        own = _own_policies(st, scenarios, scratch, rd, skipped) if "ppo-own" in labels else {}
-        results = _run_matrix(st, rd, scratch, scenarios, labels, [ds], duration, own)
+    rd, results = _fixed_time_runs("convergence", st, scenarios, labels, skipped, duration)
     return _write_timeseries_experiment("convergence", st, rd, scenarios, labels, skipped, results, duration)
 
 
@@ -663,16 +662,7 @@ def cost(st: Settings) -> Experiment:
     duration = st.duration_s or (3.0 if st.quick else 10.0)
     scenarios = _scenarios(st, ("read-bound",))
     labels, skipped = _policies(st, ALL_POLICIES, ("oracle", "globus", "marlin"), scenarios[0])
-    rd = RunDir(st.out, "cost")
-    st.log(f"[cost] {rd.path}: {len(scenarios)} scenarios x {len(labels)} policies x {duration:g} s")
-    spec = _fixed_dataset(st, duration)
-    with Scratch(st.data_dir, st.keep_data) as scratch:
-        ds = spec.generate(scratch.data)
-        _base_config(st, scenarios, labels, skipped,
-                     {"duration_s": duration, "dataset": ds.to_dict(), "policies": _policy_config(labels, scenarios, [ds])},
-                     rd)
-        own = _own_policies(st, scenarios, scratch, rd, skipped) if "ppo-own" in labels else {}
-        results = _run_matrix(st, rd, scratch, scenarios, labels, [ds], duration, own)
+    rd, results = _fixed_time_runs("cost", st, scenarios, labels, skipped, duration)
     rd.write_csv("intervals.csv", interval_rows(results))
     rd.write_csv("runs.csv", [r.table_row() for r in results])
     return _write_cost(st, rd, scenarios, labels, skipped, results, duration)
