@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from types import TracebackType
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import Any, NamedTuple, Optional, Sequence, TypeVar, Union
 
 from . import _engine
 
@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 TOKEN_LEN: int = _engine.TOKEN_LEN
+_E = TypeVar("_E", bound="_Engine")
 TLS_KEY_LEN: int = _engine.TLS_KEY_LEN
 CHUNK_SIZE_MAX: int = _engine.CHUNK_SIZE_MAX
 _NS = 1e-9
@@ -192,7 +193,32 @@ def _check_common(token: bytes, chunk_size: int, memory_bytes: int, max_threads:
     _check_int("max_threads", max_threads, 1, 4096)
 
 
-class Sender:
+class _Engine:
+    """What both ends share: the event queue, close() and use as a context manager."""
+
+    _e: Any
+
+    def events(self) -> list[Event]:
+        """Drain the event queue (see :data:`Event`)."""
+        return list(self._e.events())
+
+    def close(self) -> None:
+        """Stop every thread, close the connections, free the buffer. Idempotent."""
+        self._e.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._e.closed)
+
+    def __enter__(self: _E) -> _E:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Sender(_Engine):
     """Source side of a transfer: reads files and sends their chunks to a :class:`Receiver`.
 
     Threads start at construction (``threads``) and change at any moment with
@@ -354,27 +380,9 @@ class Sender:
         t = self._e.stats()
         return SenderStats(t[0] * _NS, _stage(t[1]), _stage(t[2]), BufferStats(*t[3]), *t[4:])
 
-    def events(self) -> list[Event]:
-        """Drain the event queue (see :data:`Event`)."""
-        return list(self._e.events())
-
-    def close(self) -> None:
-        """Stop every thread, close the connections, free the buffer. Idempotent."""
-        self._e.close()
-
-    @property
-    def closed(self) -> bool:
-        return bool(self._e.closed)
-
-    def __enter__(self) -> Sender:
-        return self
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
 
-class Receiver:
+class Receiver(_Engine):
     """Destination side: listens at construction, accepts data connections (one receiving
     thread each), verifies every chunk's XXH3-64 and writes it with a pool of writers.
 
@@ -487,21 +495,6 @@ class Receiver:
         t = self._e.stats()
         return ReceiverStats(t[0] * _NS, _stage(t[1]), _stage(t[2]), BufferStats(*t[3]), *t[4:])
 
-    def events(self) -> list[Event]:
-        """Drain the event queue (see :data:`Event`)."""
-        return list(self._e.events())
-
     def close(self) -> None:
         """Stop accepting, close connections, join every thread, free the buffer. Idempotent."""
         self._e.close()
-
-    @property
-    def closed(self) -> bool:
-        return bool(self._e.closed)
-
-    def __enter__(self) -> Receiver:
-        return self
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
