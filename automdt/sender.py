@@ -300,9 +300,9 @@ class _Transfer:
                                   timeout_s=min(self.o.timeout_s, 10))
         except AutomdtError as e:
             if e.code == errors.NETWORK:
-                hint = " (or its --encrypt setting or secret differs)" if self.o.encrypt else ""
-                raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (no answer to hello){hint}",
-                                   errors.NETWORK) from None
+                why = "its --encrypt setting or secret differs" if self.o.encrypt else "it requires --encrypt"
+                raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (no answer to hello: not running, "
+                                   f"or {why})", errors.NETWORK) from None
             raise
         sn = str(ch.get("nonce", ""))
         if ch.get("auth") and not self.secret:

@@ -111,6 +111,7 @@ def test_mismatched_settings_are_refused_and_nothing_is_created(tmp_path, make_t
                          opts(secret=SECRET, encrypt=sender_encrypts, timeout_s=2, retries=0))
         assert s.exit_code == errors.NETWORK
         assert "unreachable" in s.errors[-1]
+        assert ("--encrypt setting or secret differs" if sender_encrypts else "it requires --encrypt") in s.errors[-1]
         assert final_files(str(root)) == {}
     finally:
         srv.stop()
