@@ -44,16 +44,22 @@ def _kill(p):
     p.wait(10)
 
 
-def _run_kills(make_tree, tmp_path, victims, seed, files=FILES, rate="3M"):
-    rng = random.Random(seed)
-    src = make_tree(files)
+def _receiver_dirs(tmp_path):
+    """(destination root, secret file, log dir) of a receiver process, created under tmp_path."""
     root = tmp_path / "rroot"
     root.mkdir()
     secret = tmp_path / "secret"
     secret.write_text("fault-suite-secret\n")
-    dst = root / "job"
     logs = tmp_path / "logs"
     logs.mkdir()
+    return root, secret, logs
+
+
+def _run_kills(make_tree, tmp_path, victims, seed, files=FILES, rate="3M"):
+    rng = random.Random(seed)
+    src = make_tree(files)
+    root, secret, logs = _receiver_dirs(tmp_path)
+    dst = root / "job"
     rx = ReceiverProc(str(root), str(secret), str(logs))
     guard = Outside(tmp_path, [str(root), str(logs), str(tmp_path / "job.lock")])
     versions = source_versions(src)
@@ -124,12 +130,7 @@ def test_sigkill_mixed_victims_many_rounds(make_tree, tmp_path, seed):
 
 def test_receiver_restarted_mid_transfer_gives_network_code_or_resumes(make_tree, tmp_path):
     src = make_tree(FILES)
-    root = tmp_path / "rroot"
-    root.mkdir()
-    secret = tmp_path / "secret"
-    secret.write_text("fault-suite-secret\n")
-    logs = tmp_path / "logs"
-    logs.mkdir()
+    root, secret, logs = _receiver_dirs(tmp_path)
     rx = ReceiverProc(str(root), str(secret), str(logs))
     s = None
     try:
@@ -215,12 +216,7 @@ def test_hung_receiver_sigstop_then_sigcont(make_tree, tmp_path):
     """The receiver hangs (SIGSTOP) mid-transfer: the sender gives up within its bounded
     timeouts (exit 5, partials kept); after SIGCONT the same receiver serves the resume."""
     src = make_tree(FILES)
-    root = tmp_path / "rroot"
-    root.mkdir()
-    secret = tmp_path / "secret"
-    secret.write_text("fault-suite-secret\n")
-    logs = tmp_path / "logs"
-    logs.mkdir()
+    root, secret, logs = _receiver_dirs(tmp_path)
     rx = ReceiverProc(str(root), str(secret), str(logs), extra=["--idle-timeout", "5"])
     s = None
     try:

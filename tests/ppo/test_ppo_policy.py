@@ -177,27 +177,27 @@ def test_spaces_mismatch(tmp_path, tiny_policy):
     assert "trained for action_space MultiDiscrete[3, 3, 3], this simulator has MultiDiscrete[5, 5, 5]" in _load_error(p)
 
 
-def test_network_mismatch(tmp_path, tiny_policy):
+def _with_policy_kwarg(tmp_path, tiny_policy, key, value):
+    """A copy of the tiny policy whose metadata records ``policy_kwargs[key] = value``."""
     p = _copy_policy(tiny_policy.model_path, tmp_path)
     meta = json.loads(tiny_policy.metadata_path.read_text())
-    meta["policy_kwargs"]["net_arch"] = {"pi": [8], "vf": [8]}
+    meta["policy_kwargs"][key] = value
     p.with_name(p.name + ".json").write_text(json.dumps(meta))
+    return p
+
+
+def test_network_mismatch(tmp_path, tiny_policy):
+    p = _with_policy_kwarg(tmp_path, tiny_policy, "net_arch", {"pi": [8], "vf": [8]})
     assert "weights do not fit the recorded network" in _load_error(p)
 
 
 def test_bad_net_arch_is_refused(tmp_path, tiny_policy):
-    p = _copy_policy(tiny_policy.model_path, tmp_path)
-    meta = json.loads(tiny_policy.metadata_path.read_text())
-    meta["policy_kwargs"]["net_arch"] = "huge"
-    p.with_name(p.name + ".json").write_text(json.dumps(meta))
+    p = _with_policy_kwarg(tmp_path, tiny_policy, "net_arch", "huge")
     assert "not an AutoMDT policy (" in _load_error(p)
 
 
 def test_unknown_activation_is_refused(tmp_path, tiny_policy):
-    p = _copy_policy(tiny_policy.model_path, tmp_path)
-    meta = json.loads(tiny_policy.metadata_path.read_text())
-    meta["policy_kwargs"]["activation_fn"] = "os.system"
-    p.with_name(p.name + ".json").write_text(json.dumps(meta))
+    p = _with_policy_kwarg(tmp_path, tiny_policy, "activation_fn", "os.system")
     assert "unknown activation" in _load_error(p)
 
 
