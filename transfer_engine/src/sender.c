@@ -630,7 +630,7 @@ static int amdt_send_all(amdt_sender *s, amdt_link *l, const uint8_t *buf, size_
  * up, or an errno. */
 static int amdt_connect(amdt_sender *s, amdt_worker *w, amdt_link *l)
 {
-    int rc = 0, *err = &rc;
+    int err = 0;
     int fd = socket(s->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return errno;
@@ -638,7 +638,7 @@ static int amdt_connect(amdt_sender *s, amdt_worker *w, amdt_link *l)
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &s->sndbuf, sizeof(s->sndbuf));
     if (connect(fd, (struct sockaddr *)&s->addr, s->addrlen) != 0) {
         if (errno != EINPROGRESS) {
-            *err = errno;
+            err = errno;
             goto error;
         }
         uint64_t until = amdt_now_ns() + (uint64_t)AMDT_CONNECT_TIMEOUT_MS * 1000000ULL;
@@ -648,15 +648,15 @@ static int amdt_connect(amdt_sender *s, amdt_worker *w, amdt_link *l)
             if (pr > 0)
                 break;
             if (pr < 0 && errno != EINTR) {
-                *err = errno;
+                err = errno;
                 goto error;
             }
             if (amdt_stage_should_exit(w)) {
-                *err = ECANCELED;
+                err = ECANCELED;
                 goto error;
             }
             if (amdt_now_ns() >= until) {
-                *err = ETIMEDOUT;
+                err = ETIMEDOUT;
                 goto error;
             }
         }
@@ -664,7 +664,7 @@ static int amdt_connect(amdt_sender *s, amdt_worker *w, amdt_link *l)
         socklen_t sl = sizeof(soerr);
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
         if (soerr != 0) {
-            *err = soerr;
+            err = soerr;
             goto error;
         }
     }
@@ -678,16 +678,16 @@ static int amdt_connect(amdt_sender *s, amdt_worker *w, amdt_link *l)
     if (s->tls != NULL) {
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)); /* the handshake reads */
         uint64_t until = amdt_now_ns() + (uint64_t)AMDT_CONNECT_TIMEOUT_MS * 1000000ULL;
-        *err = amdt_tls_start(s->tls, l, &s->stop, until);
-        if (*err != 0)
+        err = amdt_tls_start(s->tls, l, &s->stop, until);
+        if (err != 0)
             goto error;
     }
 
     uint8_t hello[AMDT_HELLO_LEN];
     memcpy(hello, AMDT_HELLO_MAGIC, AMDT_HELLO_MAGIC_LEN);
     memcpy(hello + AMDT_HELLO_MAGIC_LEN, s->token, AMDT_TOKEN_LEN);
-    *err = amdt_send_all(s, l, hello, sizeof(hello));
-    if (*err != 0)
+    err = amdt_send_all(s, l, hello, sizeof(hello));
+    if (err != 0)
         goto error;
     return 0;
 
@@ -695,7 +695,7 @@ error:
     amdt_link_end_tls(l);
     close(fd);
     l->fd = -1;
-    return rc;
+    return err;
 }
 
 /* Send one frame: header + payload with sendmsg, counting payload bytes as they leave.
