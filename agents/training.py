@@ -100,6 +100,10 @@ class PPOConfig:
     """Training-only shaping: reward minus this much per thread a stage runs above the episode
     oracle's count for it (:class:`automdt.simulator.vector.BatchedBufferSim`); the optimum stays
     the oracle's, the signal against surplus threads gets stronger. Evaluation never uses it."""
+    change_penalty: float = 0.0
+    """Training-only shaping: reward minus this much per stage whose thread count an action
+    changes (:class:`automdt.simulator.vector.BatchedBufferSim`), against swapping between two
+    nearly equal counts where a stage's need is fractional. Evaluation never uses it."""
     vf_coef: float = 0.5
     """Value-loss weight."""
     max_grad_norm: float = 0.5
@@ -362,6 +366,7 @@ def train(
         num_envs=cfg.num_envs, profile=profile, k=cfg.reward_k or k, episode_steps=cfg.episode_steps,
         randomize=randomize, random_profiles=random_profiles, random_start=random_start, noise=noise,
         seed=seed, reward=cfg.reward, surplus_penalty=cfg.surplus_penalty,
+        change_penalty=cfg.change_penalty,
     )
     venv.seed(seed)  # env i gets seed + i at the first reset (SB3 VecEnv semantics)
     train_env: Any = _FeatureVecEnv(venv, cfg.features, profile.max_threads) if cfg.features else venv

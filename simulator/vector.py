@@ -68,6 +68,12 @@ class BatchedBufferSim(VectorEnv):
         lowers the reward of triples above the oracle's, so the optimum stays the oracle's, but
         the cost of a surplus thread on the bottleneck stage, ~0.7% of the utility at k = 1.02,
         becomes as large as wanted. ``infos["utility"]`` is unchanged.
+    :param change_penalty: a *training* shaping term: the reward is lowered by this much per
+        stage whose thread count the action changed. Where a stage's need is fractional (3.3
+        threads) two counts score almost the same and a policy may swap between them every few
+        intervals; a small cost per change makes holding one of them the better choice. The first
+        interval of an episode counts changes from the start triple. ``infos["utility"]`` is
+        unchanged.
     """
 
     metadata: dict[str, Any] = {"render_modes": [], "autoreset_mode": AutoresetMode.SAME_STEP}
@@ -88,12 +94,16 @@ class BatchedBufferSim(VectorEnv):
         autoreset: bool = True,
         reward: str = "measured",
         surplus_penalty: float = 0.0,
+        change_penalty: float = 0.0,
     ) -> None:
         if reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
         if not surplus_penalty >= 0.0:
             raise ValueError(f"surplus_penalty must be >= 0, got {surplus_penalty!r}")
         self.surplus_penalty = float(surplus_penalty)
+        if not change_penalty >= 0.0:
+            raise ValueError(f"change_penalty must be >= 0, got {change_penalty!r}")
+        self.change_penalty = float(change_penalty)
         self._oracle_threads = np.zeros((int(num_envs), 3), dtype=np.int64)
         self.num_envs = int(num_envs)
         self.reward_mode = reward
@@ -170,10 +180,13 @@ class BatchedBufferSim(VectorEnv):
     def _step(self, threads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         assert self._rngs is not None
         core = self._core
+        before = core.threads.copy() if self.change_penalty else None
         core.step_threads(threads, self._rngs)
         reward = core.reward.copy() if self.reward_mode == "measured" else self._steady_reward()
         if self.surplus_penalty:
             reward -= self.surplus_penalty * np.maximum(core.threads - self._oracle_threads, 0).sum(axis=1)
+        if before is not None:
+            reward -= self.change_penalty * (core.threads != before).sum(axis=1)
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = core.steps >= self.episode_steps
         infos = self._infos()

@@ -108,6 +108,27 @@ def test_surplus_penalty_charges_threads_above_the_episode_oracle():
         BatchedBufferSim(1, surplus_penalty=-1.0)
 
 
+def test_change_penalty_charges_each_stage_whose_count_changed():
+    kw = dict(random_profiles=True, episode_steps=4, seed=5)
+    plain, shaped = BatchedBufferSim(6, **kw), BatchedBufferSim(6, change_penalty=0.02, **kw)
+    plain.reset()
+    shaped.reset()
+    rng = np.random.default_rng(4)
+    charged = 0
+    for _ in range(10):  # crosses autoresets: changes count from the triple the interval started at
+        before = shaped.threads
+        a = rng.integers(0, 5, (6, 3))  # index 2 is "keep", so some stages hold and some move
+        r1, r2 = plain.step(a), shaped.step(a)
+        np.testing.assert_array_equal(r1[0], r2[0])
+        np.testing.assert_array_equal(r1[4]["utility"], r2[4]["utility"])
+        changed = (r2[4]["threads"] != before).sum(axis=1)
+        charged += int(changed.sum())
+        np.testing.assert_allclose(r1[1] - r2[1], 0.02 * changed, rtol=1e-9, atol=1e-12)
+    assert 0 < charged < 10 * 6 * 3, "the random actions should both move and hold some stages"
+    with pytest.raises(ValueError, match="change_penalty"):
+        BatchedBufferSim(1, change_penalty=-0.5)
+
+
 def test_sb3_adapter_semantics():
     from stable_baselines3.common.vec_env import VecEnv, VecMonitor
 
