@@ -94,7 +94,8 @@ class RandomExplorer:
         return self._queue.pop(0)
 
 
-def record_to_sample(rec: Dict[str, Any], prev: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def record_to_sample(rec: Dict[str, Any], prev: Optional[Dict[str, Any]] = None,
+                     chunk_size: Optional[int] = None) -> Dict[str, Any]:
     """A controller interval record -> a profile-fitting sample (:mod:`automdt.simulator.fit`).
 
     The network stage is unusable for an interval in which the receiving threads spent much time
@@ -106,6 +107,10 @@ def record_to_sample(rec: Dict[str, Any], prev: Optional[Dict[str, Any]] = None)
     of more threads than it lists), or when its threads were busy less than a fifth of the time.
     ``moved`` keeps every stage's bytes: what a stage moved is a lower bound of what it can move,
     which is all the fit can say about a stage that never limited the path.
+
+    With ``chunk_size``, ``inflight_bytes`` estimates what the threads that started in this
+    interval (all of them in a transfer's first interval, ``prev`` None) had in progress at its
+    end: half a chunk each (:mod:`automdt.simulator.fit` explains the correction).
     """
     st = ("read", "net", "write")
     busy = [rec["busy_s"][s] for s in st]
@@ -124,7 +129,7 @@ def record_to_sample(rec: Dict[str, Any], prev: Optional[Dict[str, Any]] = None)
     for i, s in enumerate(st):
         if busy[i] < MIN_BUSY_FRACTION * rec["threads"][s] * rec["interval_s"]:
             nbytes[i] = 0
-    return {
+    sample = {
         "t": rec["t"],
         "threads": [rec["threads"][s] for s in st],
         "bytes": nbytes,
@@ -134,6 +139,10 @@ def record_to_sample(rec: Dict[str, Any], prev: Optional[Dict[str, Any]] = None)
         "interval_s": rec["interval_s"],
         "buffer": [rec["buffer"]["sender"], rec["buffer"]["receiver"]],
     }
+    if chunk_size:
+        started = [max(0, rec["threads"][s] - (prev["threads"][s] if prev is not None else 0)) for s in st]
+        sample["inflight_bytes"] = [k * chunk_size / 2 for k in started]
+    return sample
 
 
 def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed: int = 0,
@@ -171,7 +180,8 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
     finally:
         if scratch and os.path.isdir(scratch):
             shutil.rmtree(scratch, ignore_errors=True)
-    samples = [record_to_sample(r, rnd[j - 1] if j else None) for rnd in records for j, r in enumerate(rnd)]
+    samples = [record_to_sample(r, rnd[j - 1] if j else None, opts.chunk_size)
+               for rnd in records for j, r in enumerate(rnd)]
     if len(samples) < 3:
         raise AutomdtError(f"exploration gathered only {len(samples)} intervals; use a larger dataset or a longer "
                            "--duration", errors.USAGE)

@@ -9,7 +9,9 @@ A sample is one control interval of an exploration run with a random thread trip
      "busy_s":  [r, n, w],           # thread-seconds spent moving data (not waiting on a buffer)
      "wait_s":  [r, n, w],           # thread-seconds spent waiting on a buffer (full S, empty R...)
      "interval_s": 1.0,
-     "buffer": [sender_fill, receiver_fill]}
+     "buffer": [sender_fill, receiver_fill],
+     "inflight_bytes": [r, n, w]}    # optional: bytes the threads that started in this interval
+                                     # had in progress at its end (see below)
 
 The busy-time counters are what make a short exploration enough: ``bytes / busy_s`` is the rate
 of one busy thread, so ``c = n * bytes / busy_s`` measures the stage's *capacity* at ``n``
@@ -43,6 +45,16 @@ sees achieved throughputs, which are capped by the bottleneck). The capacity poi
    the measured bottleneck, such a stage's capacity at ``max_threads`` is raised to at least 1.25x
    the weakest measured stage's (``raised_above_bottleneck``). Only a stage that moved no bytes
    at all raises :class:`ProfileError`. Lower-bound stages have spreads 0 and no residuals.
+
+Bytes count when a chunk completes, busy time as it passes. A thread that started in the interval
+has a chunk in progress at its end that it was busy on but whose bytes count in the next
+interval; a thread that ran through the boundary brought as many bytes in as it takes out. So an
+interval after a rise from ``n0`` to ``n`` threads under-reads the per-thread rate by about
+``(n - n0) * chunk / 2`` bytes (on the real engine 5-12% at 1 MiB chunks and 5 MB/s threads).
+``inflight_bytes`` (:func:`automdt.explore.record_to_sample` fills it in) is added back for the
+medians of per-thread rates over linear samples in steps 2 and 4 only: on a plateau a stage's
+total does not grow with threads, so the top-rate fallback and the capacities of steps 1 and 3
+use the bytes as counted.
 
 ``tpt_spread`` / ``bandwidth_spread`` are the relative standard errors of the two medians
 (``1.2533 * robust std / sqrt(count) / value``); ``meta["fit"]`` holds per-stage details.
@@ -87,6 +99,7 @@ def _arrays(samples: Sequence[Mapping[str, Any]], interval_s: float | None) -> d
     nbytes = np.zeros((n, 3))
     moved = np.zeros((n, 3))
     busy = np.full((n, 3), np.nan)
+    inflight = np.zeros((n, 3))
     intervals = np.zeros(n)
     for j, s in enumerate(samples):
         try:
@@ -96,6 +109,8 @@ def _arrays(samples: Sequence[Mapping[str, Any]], interval_s: float | None) -> d
         except (KeyError, ValueError, TypeError) as e:
             raise ProfileError(f"fit_profile: sample {j} needs 'threads' and 'bytes' triples ({e})") from None
         intervals[j] = float(s.get("interval_s") or interval_s or 1.0)
+        if s.get("inflight_bytes") is not None:
+            inflight[j] = s["inflight_bytes"]
         if s.get("busy_s") is not None:
             busy[j] = s["busy_s"]
         elif s.get("wait_s") is not None:
@@ -103,7 +118,8 @@ def _arrays(samples: Sequence[Mapping[str, Any]], interval_s: float | None) -> d
     # Without busy counters assume the threads were busy all interval: c is then the achieved
     # throughput, a lower bound of the capacity.
     busy = np.where(np.isnan(busy), threads * intervals[:, None], busy)
-    return {"threads": threads, "bytes": nbytes, "moved": moved, "busy": busy, "interval": intervals}
+    return {"threads": threads, "bytes": nbytes, "moved": moved, "busy": busy, "interval": intervals,
+            "inflight": inflight}
 
 
 def _fit_stage(a: Mapping[str, np.ndarray], i: int, ok: np.ndarray, max_threads: int
@@ -113,6 +129,7 @@ def _fit_stage(a: Mapping[str, np.ndarray], i: int, ok: np.ndarray, max_threads:
     busy = np.minimum(busy, n * a["interval"][ok])  # a thread cannot be busy longer than the interval
     per_thread = b / busy  # bytes/s of one busy thread
     cap = n * per_thread  # stage capacity at n threads
+    rate = (b + a["inflight"][ok, i]) / busy  # per-thread rate with new threads' chunks in progress
     k_top = max(3, int(math.ceil(0.1 * cap.size)))
     b0 = _topk_median(cap, k_top)
     # A stage that was the limit keeps its threads busy; a starved one only shows n * rate, which
@@ -125,9 +142,9 @@ def _fit_stage(a: Mapping[str, np.ndarray], i: int, ok: np.ndarray, max_threads:
     lin = (cap < 0.7 * b0) & (per_thread >= 0.7 * _topk_median(per_thread, 3))
     tpt_lower = False
     if lin.sum() >= 3:
-        tpt = float(np.median(per_thread[lin]))
+        tpt = float(np.median(rate[lin]))
     else:  # few points on the slope: a busy thread is never faster than TPT, take the top rates
-        tpt = _topk_median(per_thread, 3)
+        tpt = _topk_median(per_thread, 3)  # as counted: these may be plateau samples
         # even the fewest threads reached the plateau: TPT is only bounded from below. Unless the
         # per-thread rate stays put while n grows: on a plateau it would fall as 1/n, so a few
         # samples at similar counts, all on the slope, are no plateau.
@@ -150,8 +167,8 @@ def _fit_stage(a: Mapping[str, np.ndarray], i: int, ok: np.ndarray, max_threads:
     if not tpt_lower:
         clear = n * tpt < 0.8 * bw
         if clear.sum() >= 3:
-            tpt = float(np.median(per_thread[clear]))
-        lin_set = per_thread[clear] if clear.sum() >= 3 else per_thread[lin]
+            tpt = float(np.median(rate[clear]))
+        lin_set = rate[clear] if clear.sum() >= 3 else rate[lin]
         tpt_spread = _rel_stderr(lin_set, tpt)
     else:
         tpt = max(tpt, bw / float(n.min()))

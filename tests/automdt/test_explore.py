@@ -83,3 +83,20 @@ def test_explore_fits_a_path_with_stages_much_faster_than_the_bottleneck(make_tr
         assert st.tpt <= 1.15 * SCENARIO[s][0], got
         assert fit[s]["tpt_lower_bound"] or st.tpt >= 0.85 * SCENARIO[s][0], got
         assert min(16 * st.tpt, st.bandwidth) > 1.2 * prof.write.bandwidth, got
+
+
+def test_record_to_sample_estimates_the_new_threads_chunks_in_progress():
+    from automdt.explore import record_to_sample
+
+    def rec(r, n, w):
+        st = ("read", "net", "write")
+        th = dict(zip(st, (r, n, w)))
+        return {"t": 1.0, "threads": th, "bytes": {s: 10 << 20 for s in st}, "busy_s": {s: float(th[s]) for s in st},
+                "wait_s": {s: 0.0 for s in st}, "interval_s": 1.0, "buffer": {"sender": 0.5, "receiver": 0.5}}
+
+    first = record_to_sample(rec(4, 2, 3), None, chunk_size=1 << 20)
+    assert first["inflight_bytes"] == [2 << 20, 1 << 20, 1.5 * (1 << 20)]  # every thread is new
+    later = record_to_sample(rec(6, 2, 1), rec(4, 2, 3), chunk_size=1 << 20)
+    assert later["inflight_bytes"] == [1 << 20, 0, 0]  # two new read threads; none started elsewhere
+    assert later["bytes"][2] == 0  # the write count fell: unusable, as before
+    assert "inflight_bytes" not in record_to_sample(rec(6, 2, 1), rec(4, 2, 3))  # no chunk size, no estimate

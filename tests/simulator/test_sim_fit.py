@@ -158,3 +158,33 @@ def test_bad_samples():
         fit_profile([{"threads": [1, 1, 1], "bytes": [1e6, 1e6, 0], "busy_s": [1, 1, 1]}] * 5)
     with pytest.raises(ProfileError, match="sample 0"):
         fit_profile([{"threads": [1, 1, 1]}])
+
+
+def _lagged(samples, profile, chunk):
+    """Bytes counted at chunk completion: in an interval where a slope stage's thread count rose,
+    each new thread's last chunk (on average half of one) is still in progress at the end. As in
+    ``automdt.explore.record_to_sample``, an interval after a decrease is unusable (bytes 0)."""
+    out, prev = [], None
+    for s in samples:
+        started = [max(0, n - (p if prev is not None else 0))
+                   for n, p in zip(s["threads"], prev["threads"] if prev is not None else (0, 0, 0))]
+        lag = [k * chunk / 2 if n * st.tpt < st.bandwidth else 0.0
+               for k, n, st in zip(started, s["threads"], profile.stages)]
+        fell = [prev is not None and n < p for n, p in zip(s["threads"], prev["threads"] if prev else (0, 0, 0))]
+        out.append(dict(s, bytes=[0.0 if f else max(1.0, b - d) for b, d, f in zip(s["bytes"], lag, fell)],
+                        inflight_bytes=[k * chunk / 2 for k in started]))
+        prev = s
+    return out
+
+
+def test_inflight_bytes_correct_the_per_thread_rate_after_thread_rises():
+    quiet = TRUE.replace(noise=0.005)
+    samples = _lagged(synthetic_samples(quiet, 120, np.random.default_rng(3)), quiet, chunk=8e6)
+    with_inflight = fit_profile(samples)
+    without = fit_profile([{k: v for k, v in s.items() if k != "inflight_bytes"} for s in samples])
+    # half a chunk is 10% of a read thread's interval, 13% of a write thread's, 3% of a net one's
+    assert without.read.tpt < 0.97 * quiet.read.tpt and without.write.tpt < 0.97 * quiet.write.tpt
+    for got, raw, want in zip(with_inflight.stages, without.stages, quiet.stages):
+        assert got.tpt == pytest.approx(want.tpt, rel=0.02)
+        assert abs(got.tpt - want.tpt) <= abs(raw.tpt - want.tpt)
+        assert got.bandwidth == pytest.approx(raw.bandwidth, rel=0.02), "plateaus use the bytes as counted"
