@@ -325,6 +325,7 @@ def train(
     import torch as th
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.utils import set_random_seed
     from stable_baselines3.common.vec_env import VecFrameStack
 
@@ -384,6 +385,9 @@ def train(
                        "activation_fn": getattr(th.nn, cfg.activation)},
         seed=seed, device="cpu", verbose=0,
     )
+    # A logger without outputs: SB3's default one creates an empty $SB3_LOGDIR or /tmp/SB3-<time>
+    # directory on every learn() (the learning curve is written by this module instead).
+    model.set_logger(Logger(folder=None, output_formats=[]))
     if init_from is not None:
         init = ppo_mod.load_policy(init_from)
         if init.frame_stack != cfg.frame_stack or init.features != tuple(cfg.features):

@@ -81,6 +81,14 @@ def test_training_leaves_torch_thread_count_alone(tmp_path):
     assert torch.get_num_threads() == before
 
 
+def test_training_writes_no_sb3_log_directory(tmp_path, monkeypatch):
+    """SB3's default logger makes an empty ``$SB3_LOGDIR`` (or ``/tmp/SB3-<time>``) per run."""
+    monkeypatch.setenv("SB3_LOGDIR", str(tmp_path / "sb3-logs"))
+    tiny_train(tmp_path / "t.zip", timesteps=256, eval_every=256)
+    assert (tmp_path / "t.zip").exists()
+    assert not (tmp_path / "sb3-logs").exists()
+
+
 def test_max_seconds_stops_and_still_writes(tmp_path):
     rep = tiny_train(tmp_path / "s.zip", timesteps=10**6, max_seconds=0.0, progress=True)
     assert rep.stop_reason == "max_seconds"
