@@ -1,4 +1,6 @@
 """Shared fixtures."""
+import os
+
 import pytest
 
 from tests.util import write_file
@@ -21,3 +23,17 @@ def make_tree(tmp_path):
 
     return make
 
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _runtime_dir(tmp_path_factory):
+    """Every CLI run the tests start keeps its job lock (never deleted, by design: a stable inode
+    for flock) under ``$XDG_RUNTIME_DIR/automdt``; point that at the session's temp directory so
+    the suite leaves no lock files in the machine's own runtime or temp directory."""
+    old = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(tmp_path_factory.mktemp("runtime"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_RUNTIME_DIR", None)
+    else:
+        os.environ["XDG_RUNTIME_DIR"] = old
