@@ -169,11 +169,13 @@ def test_sb3_adapter_semantics():
 def test_sb3_ppo_smoke():
     """PPO can consume the adapter (a few hundred steps, no learning asserted)."""
     from stable_baselines3 import PPO
+    from stable_baselines3.common.logger import Logger
 
     from automdt.simulator.sb3 import BatchedSimVecEnv
 
     venv = BatchedSimVecEnv(num_envs=8, episode_steps=10, random_profiles=True, seed=0)
     model = PPO("MlpPolicy", venv, n_steps=8, batch_size=64, n_epochs=1, seed=0, device="cpu")
+    model.set_logger(Logger(folder=None, output_formats=[]))  # the default one leaves /tmp/SB3-<time>
     model.learn(64)
     assert model.num_timesteps == 64
 
