@@ -24,7 +24,6 @@ def make_tree(tmp_path):
     return make
 
 
-
 @pytest.fixture(scope="session", autouse=True)
 def _runtime_dir(tmp_path_factory):
     """Every CLI run the tests start keeps its job lock (never deleted, by design: a stable inode

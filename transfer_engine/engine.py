@@ -35,11 +35,11 @@ __all__ = [
 ]
 
 TOKEN_LEN: int = _engine.TOKEN_LEN
-_E = TypeVar("_E", bound="_Engine")
 TLS_KEY_LEN: int = _engine.TLS_KEY_LEN
 CHUNK_SIZE_MAX: int = _engine.CHUNK_SIZE_MAX
 _NS = 1e-9
 _M64 = (1 << 64) - 1
+_E = TypeVar("_E", bound="_Engine")
 
 
 def frame_mix(file_id: int, offset: int) -> int:
@@ -379,7 +379,6 @@ class Sender(_Engine):
         """Counters now, including the in-progress state of every thread."""
         t = self._e.stats()
         return SenderStats(t[0] * _NS, _stage(t[1]), _stage(t[2]), BufferStats(*t[3]), *t[4:])
-
 
 
 class Receiver(_Engine):
