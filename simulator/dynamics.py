@@ -328,9 +328,7 @@ class SimCore:
         obs = encode_arrays(threads, tput, fill, prev_threads, prev_tput, ref, self.max_threads, best_rate, clip=False)
         weighted = tput * self._pen[threads]
         util = (weighted[:, 0] + weighted[:, 1] + weighted[:, 2]) / self.scale[sel]
-        reward = util
-        if self.bound_penalty:
-            reward = util - self.bound_penalty * (threads >= self.max_threads).sum(axis=1)
+        reward = self.bounded(util, threads)
         if rows is None:
             self.prev_threads, self.prev_tput = prev_threads, prev_tput
             self.threads, self.tput, self.S, self.R, self.ref, self.cap = threads, tput, S, R, ref, cap
@@ -345,6 +343,12 @@ class SimCore:
             self.noise_idx[rows] += 1
 
     # ------------------------------------------------------------------ views
+    def bounded(self, util: np.ndarray, threads: np.ndarray) -> np.ndarray:
+        """The reward for ``util``: minus ``bound_penalty`` per stage run at ``max_threads``."""
+        if not self.bound_penalty:
+            return util
+        return util - self.bound_penalty * (threads >= self.max_threads).sum(axis=1)
+
     def fill(self) -> np.ndarray:
         """(N,2) buffer fill fractions (sender, receiver)."""
         return np.stack([self.S / self.smax, self.R / self.rmax], axis=1)

@@ -98,11 +98,10 @@ class BatchedBufferSim(VectorEnv):
     ) -> None:
         if reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
-        if not surplus_penalty >= 0.0:
-            raise ValueError(f"surplus_penalty must be >= 0, got {surplus_penalty!r}")
+        for name, value in (("surplus_penalty", surplus_penalty), ("change_penalty", change_penalty)):
+            if not value >= 0.0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
         self.surplus_penalty = float(surplus_penalty)
-        if not change_penalty >= 0.0:
-            raise ValueError(f"change_penalty must be >= 0, got {change_penalty!r}")
         self.change_penalty = float(change_penalty)
         self._oracle_threads = np.zeros((int(num_envs), 3), dtype=np.int64)
         self.num_envs = int(num_envs)
@@ -215,10 +214,7 @@ class BatchedBufferSim(VectorEnv):
         c = self._core
         caps = capacity_array(c.tpt, c.bw, c.threads.astype(np.float64), c.model)
         pen = c._pen[c.threads]
-        reward = caps.min(axis=1) / c.scale * (pen[:, 0] + pen[:, 1] + pen[:, 2])
-        if c.bound_penalty:
-            reward = reward - c.bound_penalty * (c.threads >= c.max_threads).sum(axis=1)
-        return reward
+        return c.bounded(caps.min(axis=1) / c.scale * (pen[:, 0] + pen[:, 1] + pen[:, 2]), c.threads)
 
     def _infos(self) -> dict[str, Any]:
         c = self._core
