@@ -245,8 +245,8 @@ def _own_policies(st: Settings, scenarios: Sequence[Scenario], scratch: Scratch,
         prof.save(os.path.join(rd.path, "profiles", f"{sc.name}-explored.yaml"))
         st.log(f"  ppo-own: training on the explored {sc.name} profile (at most {st.own_train_s:.0f} s)")
         try:
-            rep = train(prof, os.path.join(pol_dir, f"{sc.name}-own.zip"), seed=st.seed, target_fraction=st.own_target,
-                        max_seconds=st.own_train_s, progress=False)
+            rep = train(prof, os.path.join(pol_dir, f"{sc.name}-own.zip"), seed=st.seed,
+                        target_fraction=st.own_target, max_seconds=st.own_train_s, progress=False)
         except Exception as e:  # noqa: BLE001
             skipped[f"ppo-own/{sc.name}"] = f"training failed: {e}"
             continue
