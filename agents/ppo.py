@@ -36,6 +36,7 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 
 from automdt.agents.base import clamp_triple
 from automdt.simulator.env import (
+    ACTION_HEADS,
     OBS_NAMES,
     ObservationEncoder,
     action_to_threads,
@@ -70,7 +71,7 @@ _ACTIVATIONS = {"Tanh": th.nn.Tanh, "ReLU": th.nn.ReLU, "ELU": th.nn.ELU, "Leaky
 """Activation functions a policy file may name (by class name; nothing else is accepted)."""
 
 
-FEATURES = ("spare_threads", "noise_level", "debiased_spare")
+FEATURES = ("spare_threads", "noise_level", "debiased_spare", "need", "spare", "drain")
 """Derived inputs a policy may add to the simulator's encoding (metadata ``features``).
 
 ``spare_threads`` (3 inputs): per stage, the threads it could shed at its best per-thread rate so
@@ -91,9 +92,21 @@ noisy one. This input uses ``min(1, efficiency * (1 + DEBIAS * level))``, where 
 unscaled ``noise_level`` (about ``1.15 * noise``), so it reads about 0 at the needed count
 whatever the noise.
 
-The last two carry state across intervals (:class:`FeatureState`) but are computed from the
-encodings alone (an interval's current and previous throughputs share one reference), so the
-training environments and the live controller see the same values.
+``need`` (3 inputs): per stage, the threads the current flow needs at the stage's reference
+per-thread rate, ``n_i * utilization_i * efficiency_i`` (efficiency debiased as above), divided by
+the thread bound: the count the ``absolute`` action head sets a stage to that only has to carry
+what flows now. ``spare`` (3 inputs): ``n_i`` minus that, clipped to [0, :data:`SPARE_CAP`] and
+divided by it: threads waiting on a buffer and threads a stage's bandwidth makes useless, both.
+
+``drain`` (2 inputs): per buffer, the share of its content lost in the last interval,
+``max(0, -change of fill) / fill`` clipped to [0, 1]: near 1 the buffer empties within an
+interval or two. A full sender buffer says an upstream stage *was* ahead; a high ``drain`` says it
+no longer is.
+
+``noise_level``, ``debiased_spare``, ``need`` and ``spare`` carry state across intervals
+(:class:`FeatureState`) but are computed from the encodings alone (an interval's current and
+previous throughputs share one reference), so the training environments and the live controller
+see the same values.
 """
 
 SPARE_CAP = 8.0
@@ -112,8 +125,11 @@ DEBIAS = 0.9
 (~4) per-thread rates with uniform noise of relative std s exceeds their mean by ~0.6*sqrt(3)*s
 ~ 1.04 s, and the noise level is ~1.15 s."""
 
-_FEATURE_DIMS = {"spare_threads": 3, "noise_level": 1, "debiased_spare": 3}
-_STATEFUL = ("noise_level", "debiased_spare")
+_FEATURE_DIMS = {"spare_threads": 3, "noise_level": 1, "debiased_spare": 3, "need": 3, "spare": 3, "drain": 2}
+_STATEFUL = ("noise_level", "debiased_spare", "need", "spare")
+_UTIL = [OBS_NAMES.index(f"{st}/utilization") for st in ("read", "net", "write")]
+_FILL = [OBS_NAMES.index(f"buffer/{b}_fill") for b in ("sender", "receiver")]
+_TREND = [OBS_NAMES.index(f"buffer/{b}_trend") for b in ("sender", "receiver")]
 _TPUT = [OBS_NAMES.index(f"{st}/throughput") for st in ("read", "net", "write")]
 _PREV_THREADS = [OBS_NAMES.index(f"prev/{st}/threads") for st in ("read", "net", "write")]
 _PREV_TPUT = [OBS_NAMES.index(f"prev/{st}/throughput") for st in ("read", "net", "write")]
@@ -154,8 +170,19 @@ def add_features(enc: np.ndarray, features: Sequence[str], max_threads: int,
             parts.append(_spare(n, eff))
         elif name == "noise_level":
             parts.append(np.clip(level / NOISE_SCALE, 0.0, 1.0).astype(np.float32))
-        else:  # debiased_spare
+        elif name == "debiased_spare":
             parts.append(_spare(n, np.minimum(1.0, eff * (1.0 + DEBIAS * level))))
+        elif name in ("need", "spare"):
+            useful = enc[..., _UTIL] * np.minimum(1.0, eff * (1.0 + DEBIAS * level))
+            if name == "need":
+                parts.append(np.clip(n * useful / float(max_threads), 0.0, 1.0).astype(np.float32))
+            else:
+                parts.append(_spare(n, useful))
+        else:  # drain
+            fill = enc[..., _FILL]
+            change = 2.0 * (enc[..., _TREND] - 0.5)
+            parts.append(np.clip(np.maximum(-change, 0.0) / np.maximum(fill - change, 0.01), 0.0, 1.0)
+                         .astype(np.float32))
     return np.concatenate(parts, axis=-1)
 
 
@@ -330,6 +357,7 @@ class PPOPolicy:
         self._encoder = ObservationEncoder(self.train_max_threads)
         self.frame_stack = int(self.metadata.get("frame_stack", 1))
         self.features = tuple(self.metadata.get("features", ()))
+        self.action_head = str(self.metadata.get("action_head", "step"))  # files without it: the first head
         width = self._encoder.observation_space.shape[0] + feature_dim(self.features)
         self._features = FeatureState(1)
         self._stack = np.zeros(self.frame_stack * width, dtype=np.float32)
@@ -368,7 +396,13 @@ class PPOPolicy:
         features = meta.get("features", [])
         if not isinstance(features, list) or any(f not in FEATURES for f in features):
             raise _not_a_policy(p, f"unknown features {features!r} in its metadata (known: {list(FEATURES)})")
-        obs_space, act_space = _simulator_spaces(stack, features)
+        head = meta.get("action_head", "step")
+        if head not in ACTION_HEADS:
+            raise _not_a_policy(p, f"unknown action_head {head!r} in its metadata (known: {list(ACTION_HEADS)})")
+        max_threads = meta.get("max_threads", 32)
+        if not isinstance(max_threads, int) or max_threads < 1:
+            raise _not_a_policy(p, f"bad max_threads {max_threads!r} in its metadata")
+        obs_space, act_space = _simulator_spaces(stack, features, head, max_threads)
         for key, space in (("observation_space", obs_space), ("action_space", act_space)):
             want = _space_to_json(space)
             if meta.get(key) != want:
@@ -376,10 +410,8 @@ class PPOPolicy:
                 have = _space_summary(want)
                 if got == have:
                     have += " with other bounds"
-                raise _not_a_policy(p, f"trained for {key} {got}, this simulator has {have}")
-        max_threads = meta.get("max_threads", 32)
-        if not isinstance(max_threads, int) or max_threads < 1:
-            raise _not_a_policy(p, f"bad max_threads {max_threads!r} in its metadata")
+                raise _not_a_policy(p, f"trained for {key} {got}, this simulator has {have}"
+                                    + ("; retrain it (`automdt train`)" if key == "observation_space" else ""))
         kwargs = _policy_kwargs_from_json(p, meta.get("policy_kwargs"))
 
         try:
@@ -444,7 +476,8 @@ class PPOPolicy:
                     th.random.set_rng_state(self._gen_state)
                 action, _ = self.network.predict(x, deterministic=False)
                 self._gen_state = th.random.get_rng_state()
-        threads = action_to_threads(action, tuple(obs.threads), self.max_threads)
+        threads = action_to_threads(action, tuple(obs.threads), self.max_threads, self.action_head,
+                                    self.train_max_threads)
         return clamp_triple(threads, self.max_threads)
 
     def _mode(self, x: np.ndarray) -> np.ndarray:
@@ -465,7 +498,8 @@ class PPOPolicy:
         return f"<PPOPolicy{where} deterministic={self.deterministic}>"
 
 
-def _simulator_spaces(frame_stack: int = 1, features: Sequence[str] = ()) -> "tuple[spaces.Space, spaces.Space]":
+def _simulator_spaces(frame_stack: int = 1, features: Sequence[str] = (), action_head: str = "absolute",
+                      max_threads: int = 32) -> "tuple[spaces.Space, spaces.Space]":
     """Observation and action spaces of the network (they do not depend on the profile).
 
     One frame is the simulator's encoding followed by the derived ``features``; with
@@ -479,7 +513,7 @@ def _simulator_spaces(frame_stack: int = 1, features: Sequence[str] = ()) -> "tu
                          high=np.concatenate([obs.high, np.ones(extra, np.float32)]), dtype=obs.dtype)
     if frame_stack > 1:
         obs = spaces.Box(low=np.tile(obs.low, frame_stack), high=np.tile(obs.high, frame_stack), dtype=obs.dtype)
-    return obs, make_action_space()
+    return obs, make_action_space(action_head, max_threads)
 
 
 def load_policy(path_or_name: Union[str, os.PathLike], *, deterministic: bool = True) -> PPOPolicy:

@@ -121,6 +121,18 @@ class PPOConfig:
     More history lets a policy probe (step, look, step back) without a recurrent network."""
     features: Tuple[str, ...] = ()
     """Derived inputs added to each encoding (:data:`automdt.agents.ppo.FEATURES`)."""
+    action_head: str = "absolute"
+    """The action head (:data:`automdt.simulator.dynamics.ACTION_HEADS`): ``"absolute"`` sets each
+    stage to any count in one step (index 0 holds), ``"step"`` is the first head (halve, -1, hold,
+    +1, double)."""
+    chunk_range: Optional[Tuple[float, float]] = None
+    """Train with the engine's chunk effects (:func:`automdt.simulator.dynamics.measure_interval`):
+    each episode's chunk is ``ratio * (slowest per-thread rate) * interval``, the ratio
+    log-uniform in this range. ``None``: the profile's ``meta["chunk_bytes"]`` if any, else the
+    fluid model."""
+    start_mix: Optional[Tuple[float, float, float]] = None
+    """Probabilities of cold, random and draining starts of the training episodes
+    (:class:`automdt.simulator.dynamics.SimCore`); ``None``: ``train``'s ``random_start``."""
 
     def policy_kwargs(self) -> Dict[str, Any]:
         """The ``policy_kwargs`` recorded in the metadata (JSON form: activation by name)."""
@@ -367,7 +379,8 @@ def train(
         num_envs=cfg.num_envs, profile=profile, k=cfg.reward_k or k, episode_steps=cfg.episode_steps,
         randomize=randomize, random_profiles=random_profiles, random_start=random_start, noise=noise,
         seed=seed, reward=cfg.reward, surplus_penalty=cfg.surplus_penalty,
-        change_penalty=cfg.change_penalty,
+        change_penalty=cfg.change_penalty, chunk_range=cfg.chunk_range, start_mix=cfg.start_mix,
+        action_head=cfg.action_head,
     )
     venv.seed(seed)  # env i gets seed + i at the first reset (SB3 VecEnv semantics)
     train_env: Any = _FeatureVecEnv(venv, cfg.features, profile.max_threads) if cfg.features else venv
@@ -390,9 +403,11 @@ def train(
     model.set_logger(Logger(folder=None, output_formats=[]))
     if init_from is not None:
         init = ppo_mod.load_policy(init_from)
-        if init.frame_stack != cfg.frame_stack or init.features != tuple(cfg.features):
-            raise ValueError(f"{init.path}: frame_stack {init.frame_stack} and features {list(init.features)} "
-                             f"do not match the config's {cfg.frame_stack} and {list(cfg.features)}")
+        if (init.frame_stack != cfg.frame_stack or init.features != tuple(cfg.features)
+                or init.action_head != cfg.action_head):
+            raise ValueError(f"{init.path}: frame_stack {init.frame_stack}, features {list(init.features)} and "
+                             f"action head {init.action_head!r} do not match the config's {cfg.frame_stack}, "
+                             f"{list(cfg.features)} and {cfg.action_head!r}")
         try:
             model.policy.load_state_dict(init.network.state_dict(), strict=True)
         except RuntimeError as e:
@@ -405,7 +420,7 @@ def train(
     t0 = time.perf_counter()
     eval_policy = ppo_mod.PPOPolicy(model.policy, deterministic=True,
                                     metadata={"max_threads": profile.max_threads, "frame_stack": cfg.frame_stack,
-                                              "features": list(cfg.features)})
+                                              "features": list(cfg.features), "action_head": cfg.action_head})
     curve: List[EvalPoint] = []
     state: Dict[str, Any] = {
         "best": -math.inf, "best_state": None, "best_ts": 0, "best_eval": None,
@@ -499,7 +514,8 @@ def train(
     best_eval = state["best_eval"]
     reached = target_fraction is not None and state["best"] >= target_fraction
 
-    obs_space, act_space = ppo_mod._simulator_spaces(cfg.frame_stack, cfg.features)
+    obs_space, act_space = ppo_mod._simulator_spaces(cfg.frame_stack, cfg.features, cfg.action_head,
+                                                     profile.max_threads)
     meta: Dict[str, Any] = {
         "format": ppo_mod.POLICY_FORMAT,
         "algorithm": "PPO",
@@ -508,7 +524,9 @@ def train(
         "observation_space": ppo_mod._space_to_json(obs_space),
         "action_space": ppo_mod._space_to_json(act_space),
         "observation_names": list(sim_env.OBS_NAMES),
-        "action_names": list(sim_env.ACTION_NAMES),
+        "action_head": cfg.action_head,
+        "action_names": (list(sim_env.ACTION_NAMES) if cfg.action_head == "step"
+                         else ["hold"] + [str(k) for k in range(1, profile.max_threads + 1)]),
         "policy_kwargs": policy_kwargs_json,
         "frame_stack": int(cfg.frame_stack),
         "features": list(cfg.features),
@@ -537,7 +555,9 @@ def train(
         "per_profile_fraction": best_eval["per_profile"],
         "eval_profiles": {name: p.to_dict(include_samples=False) for name, p in eval_profiles},
         "eval_steps": int(eval_steps),
-        "hyperparameters": {**asdict(cfg), "net_arch": list(cfg.net_arch), "features": list(cfg.features)},
+        "hyperparameters": {**asdict(cfg), "net_arch": list(cfg.net_arch), "features": list(cfg.features),
+                            "chunk_range": None if cfg.chunk_range is None else list(cfg.chunk_range),
+                            "start_mix": None if cfg.start_mix is None else list(cfg.start_mix)},
         "versions": _versions(),
         "sha256": ppo_mod.sha256_file(model_path),
     }

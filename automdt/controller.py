@@ -92,9 +92,11 @@ class Controller:
         sbuf = _stage(sender_stats, "buffer")
         rbuf = receiver_stats.get("buffer", {}) if receiver_stats else {}
         fill = (_frac(sbuf), _frac(rbuf))
+        busy_s, wait_s = stage_times(d)
         obs = Observation(threads=self.threads, throughput_bps=tput, buffer_fill=fill, interval_s=dt,
                           max_threads=self.max_threads, loss=loss,
-                          buffer_bytes=(int(sbuf.get("capacity_bytes", 0)), int(rbuf.get("capacity_bytes", 0))))
+                          buffer_bytes=(int(sbuf.get("capacity_bytes", 0)), int(rbuf.get("capacity_bytes", 0))),
+                          busy_s=busy_s, wait_s=wait_s)
         new = clamp_triple(self.policy.act(obs), self.max_threads)
         record = {
             "t": round(now - self.t0, 3),
@@ -130,6 +132,21 @@ def _busy(sender_stats: Any, receiver_stats: Dict[str, Any]) -> Tuple[float, ...
     rv = (receiver_stats or {}).get("recv", {})
     return (r["busy_s"], n["busy_s"], w.get("busy_s", 0.0), r["wait_s"], n["wait_s"], w.get("wait_s", 0.0),
             rv.get("wait_s", 0.0))
+
+
+def stage_times(d: Any) -> Tuple[Tuple[float, float, float], Tuple[float, float, float]]:
+    """Busy and waiting thread-seconds per stage (read, net, write) for the policy, from one
+    interval's counter deltas ``d`` (the order of :func:`_busy`).
+
+    A network thread that a full receiver buffer holds back is blocked in ``send`` and so counts
+    as busy on the sender; the receiving connection waits for a slot meanwhile (``recv wait``).
+    That time is moved from the network's busy to its waiting time, so that a stage held back by a
+    buffer reads as waiting on both ends, as in the simulator.
+    """
+    recv_wait = min(max(d[6], 0.0), max(d[1], 0.0))
+    busy = (max(d[0], 0.0), max(d[1], 0.0) - recv_wait, max(d[2], 0.0))
+    wait = (max(d[3], 0.0), max(d[4], 0.0) + recv_wait, max(d[5], 0.0))
+    return busy, wait
 
 
 def _frac(buf: Dict[str, Any]) -> float:

@@ -28,17 +28,41 @@ U_LAYOUT: dict[str, slice] = {
     "bandwidth_jitter": slice(19, 22),  # randomize: B_i *= 1 + randomize * (2u - 1)
     "start_threads": slice(22, 25),  # random_start: n_i = 1 + floor(u * max_threads)
     "start_fill": slice(25, 27),  # random_start: S/S_max, R/R_max = u
+    "chunk_ratio": slice(27, 28),  # chunk_range: chunk = ratio * min_i tpt_i * interval_s, log-uniform
+    "start_mode": slice(28, 29),  # start_mix: which kind of start (cold, random, drain)
     "noise": slice(N_PARAM_UNIFORMS, None),  # capacity factors 1 + noise*sqrt(3)*(2u - 1)
 }
-"""Where each part of the per-reset uniform block goes."""
+"""Where each part of the per-reset uniform block goes. With a chunk model (``chunk_bytes`` or
+``chunk_range``) the noise part holds 6 uniforms per interval instead of 3: the capacity factors,
+then the in-flight draws of :func:`measure_interval`."""
 
 _SQRT3 = math.sqrt(3.0)
 
-# Action table: index -> (multiplier, addend); new = floor(n * mult) + add, then clipped.
+ACTION_HEADS: tuple[str, ...] = ("absolute", "step")
+"""The policy's action heads (one index per stage, see :func:`actions_to_threads`):
+
+* ``"absolute"`` (the default): ``MultiDiscrete([M + 1] * 3)`` for a thread bound ``M``; index 0
+  keeps the stage's count, index ``k`` sets it to ``k`` threads. Any count in one step, as the
+  AutoMDT slides' agent predicts the next thread counts, with an exact "hold".
+* ``"step"``: ``MultiDiscrete([5, 5, 5])``, :data:`ACTION_NAMES` (halve, -1, hold, +1, double):
+  the first head, kept for policies trained with it; 1 -> 32 threads takes five steps.
+"""
+DEFAULT_ACTION_HEAD = "absolute"
+
+# Step head: index -> (multiplier, addend); new = floor(n * mult) + add, then clipped.
 ACTION_MULT = np.array([0.5, 1.0, 1.0, 1.0, 2.0])
 ACTION_ADD = np.array([0, -1, 0, 1, 0], dtype=np.int64)
 ACTION_NAMES: tuple[str, ...] = ("halve", "minus_one", "hold", "plus_one", "double")
-"""Meaning of each per-stage action index (see :func:`automdt.simulator.env.action_to_threads`)."""
+"""Meaning of each per-stage index of the ``step`` head (see :data:`ACTION_HEADS`)."""
+
+
+def action_nvec(head: str, max_threads: int) -> int:
+    """Choices per stage of an action head (:data:`ACTION_HEADS`)."""
+    if head == "absolute":
+        return int(max_threads) + 1
+    if head == "step":
+        return len(ACTION_NAMES)
+    raise ValueError(f"unknown action head {head!r}; use one of {ACTION_HEADS}")
 
 OBS_NAMES: tuple[str, ...] = (
     "read/threads", "net/threads", "write/threads",
@@ -47,21 +71,113 @@ OBS_NAMES: tuple[str, ...] = (
     "prev/read/threads", "prev/net/threads", "prev/write/threads",
     "prev/read/throughput", "prev/net/throughput", "prev/write/throughput",
     "read/thread_efficiency", "net/thread_efficiency", "write/thread_efficiency",
+    "read/utilization", "net/utilization", "write/utilization",
+    "read/peak_throughput", "net/peak_throughput", "write/peak_throughput",
+    "buffer/sender_trend", "buffer/receiver_trend",
 )
-"""Names of the encoded observation's components, in order."""
+"""Names of the encoded observation's components, in order (see
+:class:`automdt.simulator.env.ObservationEncoder` for their meaning)."""
 OBS_DIM = len(OBS_NAMES)
 
 _TINY_BPS = 1.0  # floor of the throughput reference (bytes/s): avoids 0/0 before anything moved
+MIN_RATE_BUSY_S = 0.25
+"""Busy thread-seconds an interval needs before its per-thread rate ``bytes / busy`` may raise a
+stage's reference rate (fewer: a chunk or two, too lumpy to trust)."""
 
 
-def actions_to_threads(actions: np.ndarray, current: np.ndarray, max_threads: int) -> np.ndarray:
-    """Vectorised :func:`~automdt.simulator.env.action_to_threads`: (N,3) indices -> (N,3) counts."""
+def actions_to_threads(actions: np.ndarray, current: np.ndarray, max_threads: int,
+                       head: str = DEFAULT_ACTION_HEAD, action_max: int | None = None) -> np.ndarray:
+    """Vectorised :func:`~automdt.simulator.env.action_to_threads`: (N,3) indices -> (N,3) counts.
+
+    :param head: the action head (:data:`ACTION_HEADS`).
+    :param action_max: the thread bound the ``absolute`` head's indices go up to (default
+        ``max_threads``); the result is clipped to ``[1, max_threads]`` either way.
+    """
     a = np.asarray(actions, dtype=np.int64)
-    if a.min(initial=0) < 0 or a.max(initial=0) >= len(ACTION_MULT):
-        raise ValueError(f"action indices must be in 0..{len(ACTION_MULT) - 1}, got {actions!r}")
     cur = np.asarray(current, dtype=np.int64)
-    new = np.floor(cur * ACTION_MULT[a]).astype(np.int64) + ACTION_ADD[a]
+    nvec = action_nvec(head, max_threads if action_max is None else action_max)
+    if a.min(initial=0) < 0 or a.max(initial=0) >= nvec:
+        raise ValueError(f"action indices must be in 0..{nvec - 1}, got {actions!r}")
+    if head == "absolute":
+        new = np.where(a == 0, cur, a)
+    else:
+        new = np.floor(cur * ACTION_MULT[a]).astype(np.int64) + ACTION_ADD[a]
     return np.clip(new, 1, max_threads)
+
+
+class EncodingState:
+    """The running values behind the encoding of N transfers (one row each), and the encoding.
+
+    The simulator (:class:`SimCore`) and the live policy
+    (:class:`automdt.simulator.env.ObservationEncoder`) both call :meth:`encode` with one
+    interval's measurements, so both compute the policy input with the same code.
+
+    Running values per transfer: ``ref`` (largest stage throughput so far), ``best_rate`` (per
+    stage, the best per-busy-thread rate ``bytes / busy thread-seconds``), ``peak`` (per stage,
+    the largest throughput so far), and the previous interval's threads, throughputs and fills.
+
+    ``best_rate`` learns only from intervals that can be trusted to show a stage's per-thread
+    speed: at least :data:`MIN_RATE_BUSY_S` busy thread-seconds, and not the interval right after
+    the stage's thread count was lowered (the threads above the new count finish the chunk they
+    hold and their bytes land in that interval: on the engine, 16 -> 8 readers showed 35% more
+    bytes per thread than a reader moves).
+    """
+
+    def __init__(self, num_envs: int = 1) -> None:
+        self.num_envs = int(num_envs)
+        n = self.num_envs
+        self.ref = np.zeros(n)
+        self.best_rate = np.zeros((n, 3))
+        self.peak = np.zeros((n, 3))
+        self.prev_threads = np.ones((n, 3), dtype=np.int64)
+        self.prev_tput = np.zeros((n, 3))
+        self.prev_fill = np.zeros((n, 2))
+        self.seen = np.zeros(n, dtype=bool)
+
+    def reset(self, rows: Any = None) -> None:
+        """Start rows afresh (all if None)."""
+        sel = slice(None) if rows is None else rows
+        self.ref[sel] = 0.0
+        self.best_rate[sel] = 0.0
+        self.peak[sel] = 0.0
+        self.prev_threads[sel] = 1
+        self.prev_tput[sel] = 0.0
+        self.prev_fill[sel] = 0.0
+        self.seen[sel] = False
+
+    def encode(self, threads: np.ndarray, tput: np.ndarray, fill: np.ndarray, busy: np.ndarray | None,
+               wait: np.ndarray | None, interval_s: Any, max_threads: int, rows: Any = None,
+               clip: bool = True) -> np.ndarray:
+        """Update ``rows`` (all if None) with one interval each and return their encodings.
+
+        :param threads: (m,3) thread counts of the interval; ``tput`` (m,3) bytes/s; ``fill`` (m,2).
+        :param busy: (m,3) busy thread-seconds, or None (unknown: every thread counts as busy).
+        :param wait: (m,3) waiting thread-seconds, or None (unknown: none).
+        :param interval_s: the interval's length, scalar or (m,).
+        :return: (m, :data:`OBS_DIM`) float32 in [0, 1].
+        """
+        sel = slice(None) if rows is None else rows
+        threads = np.asarray(threads, dtype=np.int64)
+        tput = np.asarray(tput, dtype=np.float64)
+        fill = np.asarray(fill, dtype=np.float64)
+        dt = np.broadcast_to(np.asarray(interval_s, dtype=np.float64), (threads.shape[0],))[:, None]
+        busy = threads * dt if busy is None else np.asarray(busy, dtype=np.float64)
+        wait = np.zeros_like(busy) if wait is None else np.asarray(wait, dtype=np.float64)
+        seen = self.seen[sel][:, None]
+        prev_threads = np.where(seen, self.prev_threads[sel], threads)
+        prev_tput = np.where(seen, self.prev_tput[sel], tput)
+        prev_fill = np.where(seen, self.prev_fill[sel], fill)
+        ref = np.maximum(np.maximum(self.ref[sel], tput[:, 0]), np.maximum(tput[:, 1], tput[:, 2]))
+        rate = tput * dt / np.maximum(busy, 1e-9)
+        trusted = (busy >= MIN_RATE_BUSY_S) & (threads >= prev_threads)
+        best_rate = np.where(trusted, np.maximum(self.best_rate[sel], rate), self.best_rate[sel])
+        peak = np.maximum(self.peak[sel], tput)
+        out = encode_arrays(threads, tput, fill, prev_threads, prev_tput, ref, max_threads, best_rate, clip,
+                            rate=rate, busy=busy, wait=wait, peak_bps=peak, prev_fill=prev_fill)
+        self.ref[sel], self.best_rate[sel], self.peak[sel] = ref, best_rate, peak
+        self.prev_threads[sel], self.prev_tput[sel], self.prev_fill[sel] = threads, tput, fill
+        self.seen[sel] = True
+        return out
 
 
 def encode_arrays(
@@ -74,15 +190,22 @@ def encode_arrays(
     max_threads: int,
     best_rate_bps: np.ndarray | None = None,
     clip: bool = True,
+    *,
+    rate: np.ndarray | None = None,
+    busy: np.ndarray | None = None,
+    wait: np.ndarray | None = None,
+    peak_bps: np.ndarray | None = None,
+    prev_fill: np.ndarray | None = None,
 ) -> np.ndarray:
     """Encode (N,...) measurements into the (N, :data:`OBS_DIM`) float32 policy input in [0, 1].
 
     ``ref_bps`` (N,) is the running throughput reference (already updated with this interval).
-    ``best_rate_bps`` (N,3) is the running maximum per-thread rate ``t_i / n_i`` of each stage
-    (already updated); ``None``: this interval's rates (efficiency 1).
-    ``clip=False`` skips the clipping to [0, 1] when the inputs are known to be in range (the
-    simulator's are: ref is a running max, 1 <= threads <= max_threads, 0 <= fill <= 1), which
-    gives the same result faster.
+    ``rate`` (N,3) is each stage's per-busy-thread rate this interval and ``best_rate_bps`` (N,3)
+    its running reference (:class:`EncodingState`); ``None``: ``t_i / n_i`` and efficiency 1.
+    ``busy``/``wait`` (N,3) thread-seconds (``None``: utilization 1), ``peak_bps`` (N,3) each
+    stage's largest throughput so far (``None``: this interval's), ``prev_fill`` (N,2) the
+    previous interval's fills (``None``: no trend).
+    ``clip=False`` skips the clipping to [0, 1] when the inputs are known to be in range.
     """
     n = threads.shape[0]
     out = np.empty((n, OBS_DIM), dtype=np.float32)
@@ -93,10 +216,22 @@ def encode_arrays(
     out[:, 6:8] = fill
     out[:, 8:11] = prev_threads * inv_m
     out[:, 11:14] = prev_throughput_bps * inv_ref
-    rate = throughput_bps / np.maximum(threads, 1)
+    if rate is None:
+        rate = throughput_bps / np.maximum(threads, 1)
     if best_rate_bps is None:
         best_rate_bps = rate
-    out[:, 14:17] = rate / np.maximum(best_rate_bps, _TINY_BPS)
+    # no reference yet, or a stage that did not work: no evidence of lost speed (efficiency 1)
+    eff = np.where(best_rate_bps > _TINY_BPS, rate / np.maximum(best_rate_bps, _TINY_BPS), 1.0)
+    if busy is not None:
+        eff = np.where(busy > 1e-6, eff, 1.0)
+    out[:, 14:17] = np.minimum(eff, 1.0)
+    if busy is None:
+        out[:, 17:20] = 1.0
+    else:
+        w = np.zeros_like(busy) if wait is None else wait
+        out[:, 17:20] = np.where(busy + w > 1e-9, busy / np.maximum(busy + w, 1e-9), 1.0)
+    out[:, 20:23] = (throughput_bps if peak_bps is None else peak_bps) * inv_ref
+    out[:, 23:25] = 0.5 if prev_fill is None else 0.5 + 0.5 * (fill - prev_fill)
     if clip:
         np.clip(out, 0.0, 1.0, out=out)
     return out
@@ -119,6 +254,7 @@ def run_interval(
     smax: np.ndarray,
     rmax: np.ndarray,
     substeps: int,
+    queue_max: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Advance the buffers of N transfers by one interval.
 
@@ -137,22 +273,86 @@ def run_interval(
     concave and piecewise linear, so the result does not depend on ``substeps``; the tests check
     1 vs 50 sub-steps. Sub-steps remain for models whose rates vary within an interval.
 
+    ``queue_max`` (sender, receiver): with the chunk model of :func:`measure_interval`, the room
+    readers and the network see is ``queue_max - S`` (``- R``) instead of ``S_max - S``.
+
     :return: new ``S``, new ``R`` and bytes moved (N,3) by (read, net, write) in the interval.
     """
     dt = interval_s / substeps
     a = cap_bps * dt
     ar, an, aw = a[:, 0], a[:, 1], a[:, 2]
     moved = np.zeros_like(a)
+    # queue_max (chunk model): the part of a buffer that queued data may use; slots held by busy
+    # threads take the rest. Content above it (threads were added) is never clipped, it drains.
+    qs, qr = (smax, rmax) if queue_max is None else queue_max
     for _ in range(substeps):
-        x = np.minimum(np.minimum(an, S + ar), (rmax - R) + aw)
-        r = np.minimum(ar, (smax - S) + x)
+        x = np.minimum(np.minimum(an, S + ar), np.maximum(qr - R, 0.0) + aw)
+        r = np.minimum(ar, np.maximum(qs - S, 0.0) + x)
         w = np.minimum(aw, R + x)
-        S = np.minimum(np.maximum(S + r - x, 0.0), smax)
-        R = np.minimum(np.maximum(R + x - w, 0.0), rmax)
+        S = np.minimum(np.maximum(S + r - x, 0.0), np.maximum(smax, S))
+        R = np.minimum(np.maximum(R + x - w, 0.0), np.maximum(rmax, R))
         moved[:, 0] += r
         moved[:, 1] += x
         moved[:, 2] += w
     return S, R, moved
+
+
+def busy_seconds(moved: np.ndarray, cap_bps: np.ndarray, threads: np.ndarray, tpt_bps: np.ndarray,
+                 bw_bps: np.ndarray, interval_s: float, backlog: np.ndarray, model: str = "min") -> np.ndarray:
+    """Busy thread-seconds of each stage in one interval, as the engine counts them.
+
+    The engine counts a thread *busy* while it works on a chunk (a throttle's sleep included) and
+    *waiting* while a buffer holds it back. A stage whose threads run below their total bandwidth
+    works at the per-thread rate, so moving ``m`` bytes keeps ``m / tpt`` thread-seconds busy. A
+    stage held at its bandwidth with work queued for it (``backlog``: data waiting in its input
+    buffer) keeps every thread busy, since they queue on the shared limit; fed at exactly its
+    bandwidth and no faster, it still works at the per-thread rate. With the ``concave`` capacity
+    model the capacity is spread evenly: ``n * dt * m / (c * dt)``.
+
+    :param moved: (N,3) bytes moved; ``cap_bps``, ``tpt_bps``, ``bw_bps`` (N,3) this interval's
+        capacities, per-thread rates and bandwidths (noise included); ``threads`` (N,3).
+    :param backlog: (N,3) bool, work waiting for the stage at the end of the interval.
+    """
+    n_dt = threads * interval_s
+    if model != "min":
+        return n_dt * np.minimum(moved / np.maximum(cap_bps * interval_s, _TINY_BPS), 1.0)
+    at_bw = (bw_bps < threads * tpt_bps) & (moved >= cap_bps * interval_s * (1.0 - 1e-9)) & backlog
+    return np.where(at_bw, n_dt, np.minimum(n_dt, moved / np.maximum(tpt_bps, _TINY_BPS)))
+
+
+def backlog_flags(S: np.ndarray, R: np.ndarray, threshold_s: np.ndarray, threshold_r: np.ndarray) -> np.ndarray:
+    """(N,3): work waiting for each stage after an interval (readers always have files to read;
+    the network has data in the sender buffer, writers in the receiver buffer)."""
+    return np.stack([np.ones(S.shape, dtype=bool), S > threshold_s, R > threshold_r], axis=1)
+
+
+def measure_interval(moved: np.ndarray, busy_main: np.ndarray, inflight: np.ndarray, chunk: np.ndarray,
+                     z: np.ndarray, interval_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the engine's byte counters show for an interval in which the stages moved ``moved``.
+
+    The engine counts a chunk's bytes when the chunk is done, not while it is worked on. At the end
+    of an interval each busy thread holds part of a chunk; with ``k`` busy threads (time average
+    ``busy_main / interval_s``) and independent phases, the bytes in flight are about
+    ``chunk * (k/2 + sqrt(k/12) z)`` (``z`` ~ unit variance, clipped to ``[0, k chunk]``). The
+    counters show ``moved + in-flight before - in-flight after``: lumps of whole chunks, less
+    while threads are added (their first chunks are not done) and more when threads were removed
+    (those finish the chunk they hold; the caller adds that work to ``moved``).
+
+    :param moved: (N,3) bytes the stages moved (fluid model).
+    :param busy_main: (N,3) busy thread-seconds of the threads that stay.
+    :param inflight: (N,3) bytes in flight at the start of the interval.
+    :param chunk: (N,) chunk size in bytes (0: fluid, counters equal ``moved``).
+    :param z: (N,3) draws of unit variance.
+    :return: ``(counted bytes (N,3), in-flight bytes at the end (N,3), busy threads at the end (N,3))``.
+    """
+    k = busy_main / interval_s
+    c = chunk[:, None]
+    new = c * np.clip(0.5 * k + np.sqrt(k / 12.0) * z, 0.0, k)
+    counted = moved + inflight - new
+    short = counted < 0.0  # cannot count less than nothing: the in-flight draw was too large
+    new = np.where(short, moved + inflight, new)
+    counted = np.where(short, 0.0, counted)
+    return counted, new, k
 
 
 class SimCore:
@@ -174,6 +374,9 @@ class SimCore:
         noise: float | None,
         substeps: int,
         bound_penalty: float,
+        chunk_bytes: float | None = None,
+        chunk_range: tuple[float, float] | None = None,
+        start_mix: tuple[float, float, float] | None = None,
     ) -> None:
         if profile is None:
             profile = Profile.default()
@@ -186,6 +389,19 @@ class SimCore:
         assert noise is None or 0.0 <= noise <= 0.5, f"noise is a relative std in [0, 0.5], got {noise}"
         assert substeps >= 1, f"substeps must be >= 1, got {substeps}"
         assert bound_penalty >= 0.0, f"bound_penalty must be >= 0, got {bound_penalty}"
+        if chunk_bytes is None:
+            chunk_bytes = float(profile.meta.get("chunk_bytes", 0.0) or 0.0) if isinstance(profile.meta, dict) else 0.0
+        assert chunk_bytes >= 0.0, f"chunk_bytes must be >= 0, got {chunk_bytes}"
+        assert chunk_range is None or 0.0 < chunk_range[0] <= chunk_range[1], f"bad chunk_range {chunk_range!r}"
+        self.chunk_bytes = float(chunk_bytes)
+        self.chunk_range = None if chunk_range is None else (float(chunk_range[0]), float(chunk_range[1]))
+        self.chunked = self.chunk_bytes > 0.0 or self.chunk_range is not None
+        if start_mix is not None:
+            mix = np.asarray(start_mix, dtype=np.float64)
+            assert mix.shape == (3,) and (mix >= 0).all() and mix.sum() > 0, f"bad start_mix {start_mix!r}"
+            self.start_cdf: np.ndarray | None = np.cumsum(mix / mix.sum())
+        else:
+            self.start_cdf = None
         self.num_envs = int(num_envs)
         self.profile = profile
         self.k = float(k)
@@ -201,7 +417,8 @@ class SimCore:
         self.model = "min" if random_profiles else profile.capacity_model
         self._pen = np.power(self.k, -np.arange(self.max_threads + 1, dtype=np.float64))  # k**-n lookup
         self.block_len = self.episode_steps + 1  # intervals per noise block (reset + steps)
-        self.n_uniforms = N_PARAM_UNIFORMS + 3 * self.block_len
+        self.per_interval = 6 if self.chunked else 3  # capacity factors (+ in-flight draws)
+        self.n_uniforms = N_PARAM_UNIFORMS + self.per_interval * self.block_len
 
         n = self.num_envs
         self.tpt = np.tile(profile.tpt_array(), (n, 1))
@@ -216,11 +433,16 @@ class SimCore:
         self.steps = np.zeros(n, dtype=np.int64)  # steps since reset
         self.noise_idx = np.zeros(n, dtype=np.int64)  # next interval's index into the noise block
         self.factors = np.ones((n, self.block_len, 3))
+        self.zdraw = np.zeros((n, self.block_len, 3))  # in-flight draws (chunk model)
+        self.chunk = np.full(n, self.chunk_bytes)
+        self.inflight = np.zeros((n, 3))  # bytes held by busy threads, not counted yet
+        self.kbusy = np.zeros((n, 3))  # busy threads at the end of the last interval
+        self.busy = np.zeros((n, 3))  # busy thread-seconds of the last interval
+        self.wait = np.zeros((n, 3))  # waiting thread-seconds of the last interval
+        self.moved = np.zeros((n, 3))  # bytes the stages really moved (tput is what counters show)
+        self.fill_obs = np.zeros((n, 2))  # buffer fill as the engine reports it (slots in use)
         self.tput = np.zeros((n, 3))
-        self.prev_threads = np.ones((n, 3), dtype=np.int64)
-        self.prev_tput = np.zeros((n, 3))
-        self.ref = np.zeros(n)
-        self.best_rate = np.zeros((n, 3))
+        self.enc = EncodingState(n)  # the policy input's running values (reference rates, previous interval)
         self.obs = np.zeros((n, OBS_DIM), dtype=np.float32)
         self.utility = np.zeros(n)
         self.reward = np.zeros(n)
@@ -261,7 +483,9 @@ class SimCore:
         if self.randomize > 0.0:
             tpt = tpt * (1.0 + self.randomize * (2.0 * u[:, U_LAYOUT["tpt_jitter"]] - 1.0))
             bw = bw * (1.0 + self.randomize * (2.0 * u[:, U_LAYOUT["bandwidth_jitter"]] - 1.0))
-        if self.random_start:
+        if self.start_cdf is not None:
+            threads, fill = self._mixed_start(u)
+        elif self.random_start:
             threads = 1 + np.floor(u[:, U_LAYOUT["start_threads"]] * self.max_threads).astype(np.int64)
             threads = np.minimum(threads, self.max_threads)
             fill = u[:, U_LAYOUT["start_fill"]].copy()
@@ -278,19 +502,46 @@ class SimCore:
         self.tpt[rows], self.bw[rows] = tpt, bw
         self.smax[rows], self.rmax[rows], self.noise[rows] = smax, rmax, noise
         self.scale[rows] = capacity_array(tpt, bw, float(self.max_threads), self.model).min(axis=1)
-        self.factors[rows] = self._factors(u[:, U_LAYOUT["noise"]], noise)
+        self.factors[rows], self.zdraw[rows] = self._factors(u[:, U_LAYOUT["noise"]], noise)
+        if self.chunk_range is not None:
+            lo, hi = self.chunk_range
+            ratio = np.exp(np.log(lo) + u[:, U_LAYOUT["chunk_ratio"]][:, 0] * (np.log(hi) - np.log(lo)))
+            self.chunk[rows] = ratio * tpt.min(axis=1) * self.interval_s
+        self.inflight[rows] = 0.0
+        self.kbusy[rows] = 0.0
         self.S[rows] = fill[:, 0] * smax
         self.R[rows] = fill[:, 1] * rmax
         self.steps[rows] = 0
         self.noise_idx[rows] = 0
-        self.ref[rows] = 0.0
-        self.best_rate[rows] = 0.0
         # The first observation is a real measurement: one interval at the start triple.
         self._advance(rows, threads, rngs, first=True)
 
-    def _factors(self, u: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    def _mixed_start(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Start triples and fills for ``start_mix`` (probabilities of three kinds of start):
+
+        * *cold*: each stage log-uniform in 1..8 threads, empty buffers (a transfer's first
+          interval, from whatever start rule chose the triple);
+        * *random*: each stage uniform in 1..max_threads, buffers uniformly filled;
+        * *drain*: random threads, the sender buffer 70-100% full and the receiver's uniform: a
+          full buffer that the chosen threads may drain (an upstream stage that was ahead).
+        """
+        mode = np.searchsorted(self.start_cdf, u[:, U_LAYOUT["start_mode"]][:, 0], side="right")
+        ut = u[:, U_LAYOUT["start_threads"]]
+        uf = u[:, U_LAYOUT["start_fill"]]
+        wide = np.minimum(1 + np.floor(ut * self.max_threads).astype(np.int64), self.max_threads)
+        cold = np.minimum(np.rint(np.exp(ut * np.log(8.0))).astype(np.int64), self.max_threads)
+        threads = np.where((mode == 0)[:, None], cold, wide)
+        fill = np.where((mode == 0)[:, None], 0.0, uf)
+        fill[:, 0] = np.where(mode == 2, 0.7 + 0.3 * uf[:, 0], fill[:, 0])
+        return threads, fill
+
+    def _factors(self, u: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Capacity factors (m, block, 3) and, with a chunk model, the in-flight draws (unit variance)."""
         m = u.shape[0]
-        return 1.0 + (noise * _SQRT3)[:, None, None] * (2.0 * u.reshape(m, self.block_len, 3) - 1.0)
+        u = u.reshape(m, self.block_len, self.per_interval)
+        f = 1.0 + (noise * _SQRT3)[:, None, None] * (2.0 * u[:, :, :3] - 1.0)
+        z = _SQRT3 * (2.0 * u[:, :, 3:] - 1.0) if self.chunked else np.zeros_like(f)
+        return f, z
 
     # ------------------------------------------------------------------ step
     def step_threads(self, threads: np.ndarray, rngs: Sequence[np.random.Generator]) -> None:
@@ -307,40 +558,80 @@ class SimCore:
         if full.size:  # stepped past the episode: draw the next noise block for those envs
             env_ids = np.arange(self.num_envs)[sel][full]
             for i in env_ids:
-                u = rngs[int(i)].random(3 * self.block_len)
-                self.factors[i] = self._factors(u[None, :], self.noise[i:i + 1])[0]
+                u = rngs[int(i)].random(self.per_interval * self.block_len)
+                f_i, z_i = self._factors(u[None, :], self.noise[i:i + 1])
+                self.factors[i], self.zdraw[i] = f_i[0], z_i[0]
                 self.noise_idx[i] = 0
             idx = self.noise_idx[sel]
         env_ids = np.arange(self.num_envs) if rows is None else rows
         f = self.factors[env_ids, idx]  # (m,3)
+        dt = self.interval_s
+        tptf, bwf = self.tpt[sel] * f, self.bw[sel] * f
         cap = capacity_array(self.tpt[sel], self.bw[sel], threads.astype(np.float64), self.model) * f
-        S, R, moved = run_interval(self.S[sel], self.R[sel], cap, self.interval_s, self.smax[sel], self.rmax[sel],
-                                   self.substeps)
-        tput = moved * (1.0 / self.interval_s)
-        # column-wise max/sum: faster than axis=1 reductions over 3 columns
-        ref = np.maximum(np.maximum(self.ref[sel], tput[:, 0]), np.maximum(tput[:, 1], tput[:, 2]))
-        best_rate = np.maximum(self.best_rate[sel], tput / threads)
-        if first:
-            prev_threads, prev_tput = threads, tput
+        smax, rmax = self.smax[sel], self.rmax[sel]
+        if self.chunked:
+            S, R, moved, busy, wait, tput, fill_obs, inflight, kbusy = self._advance_chunked(
+                sel, threads, first, cap, tptf, bwf, self.zdraw[env_ids, idx])
         else:
-            prev_threads, prev_tput = self.threads[sel], self.tput[sel]
-        fill = np.stack([S / self.smax[sel], R / self.rmax[sel]], axis=1)
-        obs = encode_arrays(threads, tput, fill, prev_threads, prev_tput, ref, self.max_threads, best_rate, clip=False)
-        weighted = tput * self._pen[threads]
+            S, R, moved = run_interval(self.S[sel], self.R[sel], cap, dt, smax, rmax, self.substeps)
+            backlog = backlog_flags(S, R, 1e-6 * smax, 1e-6 * rmax)
+            busy = busy_seconds(moved, cap, threads, tptf, bwf, dt, backlog, self.model)
+            wait = threads * dt - busy
+            tput = moved * (1.0 / dt)
+            fill_obs = np.stack([S / smax, R / rmax], axis=1)
+            inflight = kbusy = None
+        if first:
+            self.enc.reset(sel)
+        obs = self.enc.encode(threads, tput, fill_obs, busy, wait, dt, self.max_threads, rows=sel, clip=False)
+        weighted = moved * (1.0 / dt) * self._pen[threads]  # the utility of what really moved
         util = (weighted[:, 0] + weighted[:, 1] + weighted[:, 2]) / self.scale[sel]
         reward = self.bounded(util, threads)
         if rows is None:
-            self.prev_threads, self.prev_tput = prev_threads, prev_tput
-            self.threads, self.tput, self.S, self.R, self.ref, self.cap = threads, tput, S, R, ref, cap
-            self.best_rate = best_rate
+            self.threads, self.tput, self.S, self.R, self.cap = threads, tput, S, R, cap
             self.obs, self.utility, self.reward = obs, util, reward
+            self.busy, self.wait, self.moved, self.fill_obs = busy, wait, moved, fill_obs
             self.noise_idx += 1
         else:
-            self.prev_threads[rows], self.prev_tput[rows] = prev_threads, prev_tput
             self.threads[rows], self.tput[rows], self.S[rows], self.R[rows] = threads, tput, S, R
-            self.ref[rows], self.cap[rows], self.best_rate[rows] = ref, cap, best_rate
+            self.cap[rows] = cap
             self.obs[rows], self.utility[rows], self.reward[rows] = obs, util, reward
+            self.busy[rows], self.wait[rows], self.moved[rows], self.fill_obs[rows] = busy, wait, moved, fill_obs
             self.noise_idx[rows] += 1
+        if inflight is not None:
+            self.inflight[sel], self.kbusy[sel] = inflight, kbusy
+
+    def _advance_chunked(self, sel: Any, threads: np.ndarray, first: bool, cap: np.ndarray, tptf: np.ndarray,
+                         bwf: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, ...]:
+        """One interval with the engine's chunk effects (see :func:`measure_interval`).
+
+        Threads above a lowered count finish the chunk they hold (their remaining bytes add to the
+        interval's work and busy time); slots held by busy threads (readers and senders on the
+        sender side, writers on the receiver side) count in the buffer fill the engine reports and
+        leave that much less room for queued chunks.
+        """
+        dt = self.interval_s
+        chunk = self.chunk[sel]
+        c = chunk[:, None]
+        prev_n = threads if first else self.threads[sel]
+        k_prev, infl_prev = self.kbusy[sel], self.inflight[sel]
+        leaving = np.maximum(prev_n - threads, 0) / np.maximum(prev_n, 1) * k_prev  # busy threads that exit
+        extra = np.maximum(leaving * c - infl_prev * leaving / np.maximum(k_prev, 1e-9), 0.0)
+        smax, rmax = self.smax[sel], self.rmax[sel]
+        held_s = (k_prev[:, 0] + k_prev[:, 1]) * chunk  # readers fill a slot, senders drain one
+        held_r = k_prev[:, 2] * chunk  # writers drain one (a connection holds one only mid-frame)
+        qmax = (np.maximum(smax - held_s, chunk), np.maximum(rmax - held_r, chunk))
+        S, R, moved = run_interval(self.S[sel], self.R[sel], cap + extra / dt, dt, smax, rmax, self.substeps, qmax)
+        per_thread = np.minimum(tptf, cap / np.maximum(threads, 1))
+        extra_done = np.minimum(extra, moved)
+        extra_busy = extra_done / np.maximum(per_thread, _TINY_BPS)
+        backlog = backlog_flags(S, R, chunk, chunk)
+        busy_main = busy_seconds(moved - extra_done, cap, threads, tptf, bwf, dt, backlog, self.model)
+        counted, inflight, kbusy = measure_interval(moved, busy_main, infl_prev, chunk, z, dt)
+        busy = busy_main + extra_busy
+        wait = np.maximum(threads * dt - busy_main, 0.0)
+        fill_obs = np.stack([np.minimum(S + (kbusy[:, 0] + kbusy[:, 1]) * chunk, smax) / smax,
+                             np.minimum(R + kbusy[:, 2] * chunk, rmax) / rmax], axis=1)
+        return S, R, moved, busy, wait, counted / dt, fill_obs, inflight, kbusy
 
     # ------------------------------------------------------------------ views
     def bounded(self, util: np.ndarray, threads: np.ndarray) -> np.ndarray:
@@ -350,5 +641,6 @@ class SimCore:
         return util - self.bound_penalty * (threads >= self.max_threads).sum(axis=1)
 
     def fill(self) -> np.ndarray:
-        """(N,2) buffer fill fractions (sender, receiver)."""
-        return np.stack([self.S / self.smax, self.R / self.rmax], axis=1)
+        """(N,2) buffer fill fractions (sender, receiver) as observed (with a chunk model: the
+        slots busy threads hold count too, as in the engine)."""
+        return self.fill_obs.copy()

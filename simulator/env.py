@@ -13,12 +13,15 @@ import numpy as np
 from gymnasium import spaces
 
 from automdt.simulator.dynamics import (
+    ACTION_HEADS,
     ACTION_NAMES,
+    DEFAULT_ACTION_HEAD,
     OBS_DIM,
     OBS_NAMES,
+    EncodingState,
     SimCore,
+    action_nvec,
     actions_to_threads,
-    encode_arrays,
     utility_arrays,
 )
 from automdt.simulator.profile import STAGES, Profile
@@ -27,7 +30,9 @@ from automdt.simulator.types import Observation, Triple
 ENV_ID = "automdt/BufferSim-v0"
 
 __all__ = [
+    "ACTION_HEADS",
     "ACTION_NAMES",
+    "DEFAULT_ACTION_HEAD",
     "ENV_ID",
     "OBS_DIM",
     "OBS_NAMES",
@@ -48,35 +53,40 @@ def make_observation_space() -> spaces.Box:
     return spaces.Box(low=0.0, high=1.0, shape=(OBS_DIM,), dtype=np.float32)
 
 
-def make_action_space() -> spaces.MultiDiscrete:
-    """``MultiDiscrete([5, 5, 5])``: one step choice per stage (see :func:`action_to_threads`)."""
-    return spaces.MultiDiscrete([len(ACTION_NAMES)] * 3)
+def make_action_space(head: str = DEFAULT_ACTION_HEAD, max_threads: int = 32) -> spaces.MultiDiscrete:
+    """The action space of a head (:data:`ACTION_HEADS`): ``MultiDiscrete([max_threads + 1] * 3)``
+    for ``absolute``, ``MultiDiscrete([5, 5, 5])`` for ``step`` (see :func:`action_to_threads`)."""
+    return spaces.MultiDiscrete([action_nvec(head, max_threads)] * 3)
 
 
-def action_to_threads(action: Sequence[int] | np.ndarray, current: Sequence[int], max_threads: int) -> Triple:
-    """Apply a per-stage step action to the current thread counts.
+def action_to_threads(action: Sequence[int] | np.ndarray, current: Sequence[int], max_threads: int,
+                      head: str = DEFAULT_ACTION_HEAD, action_max: int | None = None) -> Triple:
+    """Apply a per-stage action to the current thread counts.
 
-    Each stage's action index means ``0: n // 2``, ``1: n - 1``, ``2: n`` (hold), ``3: n + 1``,
-    ``4: 2 * n``; the result is clipped to ``[1, max_threads]``.
+    ``absolute`` head (the default): index 0 keeps the stage's count, index ``k`` sets it to ``k``
+    (the AutoMDT slides' agent predicts the next thread counts). ``step`` head (the first one):
+    ``0: n // 2``, ``1: n - 1``, ``2: n`` (hold), ``3: n + 1``, ``4: 2 * n``. The result is
+    clipped to ``[1, max_threads]``.
 
-    Why multiplicative-plus-unit steps in a ``MultiDiscrete`` head rather than absolute counts:
+    Why absolute counts with a hold index:
 
-    * *scale-free*: the same action means the same thing at 2 and at 200 threads, and with
-      ``max_threads = 20`` online or 32 offline; absolute counts from a Gaussian (the reference
-      code) tie the policy to one bound and jitter around the optimum;
-    * *fast*: 1 -> 32 threads takes 5 steps (x2), any count in [1, 32] is reachable in <= 6 steps,
-      and a finished ramp is fine-tuned by +-1;
-    * *stable*: ``hold`` is an exact action, so a settled policy stays settled, which is what
-      makes AutoMDT beat Marlin's oscillating gradient descents;
-    * *learnable*: 3 x 5 logits (SB3 ``MultiDiscrete``) are easy for PPO, and the last change is
-      visible in the observation, so the policy can see whether a step helped.
+    * *fast*: any count in one step. The step head needed 5 doublings from 1 to 32 threads, so a
+      ramp took 5-7 intervals however well the policy knew the path;
+    * *stable*: ``hold`` is exact whatever the count, so a settled policy stays settled, which is
+      what makes AutoMDT beat Marlin's oscillating gradient descents; a small per-change cost in
+      training (``change_penalty``) makes holding the habit;
+    * *learnable*: choosing count ``k`` for a target ``x`` is a linear function of ``x`` per
+      logit, and the inputs carry the stage's needed threads (``need`` feature).
 
-    :param action: three indices in ``0..4`` (read, net, write).
+    :param action: three indices (read, net, write).
     :param current: current thread counts (read, net, write).
-    :param max_threads: upper bound.
+    :param max_threads: upper bound of the result.
+    :param head: :data:`ACTION_HEADS`.
+    :param action_max: the bound the ``absolute`` head was built for (default ``max_threads``).
     :return: the next thread counts.
     """
-    out = actions_to_threads(np.asarray(action).reshape(1, 3), np.asarray(current).reshape(1, 3), max_threads)[0]
+    out = actions_to_threads(np.asarray(action).reshape(1, 3), np.asarray(current).reshape(1, 3), max_threads,
+                             head, action_max)[0]
     return (int(out[0]), int(out[1]), int(out[2]))
 
 
@@ -97,8 +107,9 @@ def utility(throughput_bps: Sequence[float] | np.ndarray, threads: Sequence[int]
 class ObservationEncoder:
     """Turns measured :class:`Observation` s into the policy input; one instance per episode.
 
-    Scale-free and profile-free: it uses only what the live engine measures. Layout
-    (``OBS_DIM = 17``, all float32 in [0, 1]):
+    Scale-free and profile-free: it uses only what the live engine measures, through the same
+    :class:`~automdt.simulator.dynamics.EncodingState` the simulator encodes with. Layout
+    (``OBS_DIM = 25``, all float32 in [0, 1]):
 
     | Index | Name (:data:`OBS_NAMES`)  | Value                                                     |
     |-------|---------------------------|-----------------------------------------------------------|
@@ -108,18 +119,24 @@ class ObservationEncoder:
     | 7     | buffer/receiver_fill      | receiver buffer fill fraction                             |
     | 8-10  | prev threads              | the previous interval's threads / max_threads             |
     | 11-13 | prev throughput           | the previous interval's throughputs / ref (current ref)   |
-    | 14-16 | thread efficiency         | (t_i / n_i) / best t_i / n_i seen since reset, per stage  |
+    | 14-16 | thread efficiency         | per-busy-thread rate / the stage's reference rate         |
+    | 17-19 | utilization               | busy / (busy + waiting) thread-seconds of the stage       |
+    | 20-22 | peak throughput           | the stage's largest throughput so far / ref               |
+    | 23-24 | buffer trend              | 0.5 + (fill - previous fill) / 2, sender and receiver     |
 
     ``ref`` is the largest single-stage throughput seen since :meth:`reset` (floored at 1 B/s), so
     the stage with the best rate so far reads 1 and a path of any speed looks alike. On the first
     interval "previous" equals current.
 
-    *Thread efficiency* is the stage's per-thread rate relative to the best per-thread rate it
-    showed in this transfer: about ``n_useful / n``, where ``n_useful`` is the number of threads
-    the current flow actually needs. A stage held at its bandwidth or waiting on a buffer reads
-    below 1 and so tells the policy how far it can cut that stage's threads. It is the one
-    feature that is not a raw measurement; in the simulator, on random profiles, it raised a
-    short PPO run from ~0.84 to ~0.94 of the oracle utility.
+    *Utilization* is the share of a stage's thread time spent working: a stage that waits on a
+    staging buffer (readers on a full sender buffer, writers on an empty receiver buffer) reads
+    below 1, and ``n * (1 - utilization)`` of its threads are idle. *Thread efficiency* is the
+    stage's rate per busy thread (``bytes / busy thread-seconds``) relative to the best it showed
+    in this transfer (learned only from intervals with enough busy time and no cut of that
+    stage's threads, see :class:`~automdt.simulator.dynamics.EncodingState`): a stage held at its
+    bandwidth reads below 1. Without busy/wait counters (``Observation.busy_s`` None) every thread
+    counts as busy and the rate is ``t / n``. *Peak throughput* says what a stage has shown it can
+    move; the *buffer trend* shows a buffer filling or draining before it is full or empty.
 
     :param max_threads: the thread bound used to scale thread counts.
     """
@@ -128,26 +145,25 @@ class ObservationEncoder:
         assert max_threads >= 1, f"max_threads must be >= 1, got {max_threads}"
         self.max_threads = int(max_threads)
         self.observation_space = make_observation_space()
-        self.reset()
+        self.state = EncodingState(1)
 
     def reset(self) -> None:
-        """Forget the running reference and the previous interval (start of a transfer)."""
-        self.ref_bps = 0.0
-        self.best_rate_bps = np.zeros((1, 3))
-        self._prev: tuple[np.ndarray, np.ndarray] | None = None
+        """Forget the running references and the previous interval (start of a transfer)."""
+        self.state.reset()
+
+    @property
+    def ref_bps(self) -> float:
+        """The running throughput reference (largest stage throughput so far)."""
+        return float(self.state.ref[0])
 
     def encode(self, obs: Observation) -> np.ndarray:
-        """Encode one interval's measurements; updates the running state. Returns shape (17,)."""
-        threads = np.asarray(obs.threads, dtype=np.int64).reshape(1, 3)
-        tput = np.asarray(obs.throughput_bps, dtype=np.float64).reshape(1, 3)
-        fill = np.asarray(obs.buffer_fill, dtype=np.float64).reshape(1, 2)
-        self.ref_bps = max(self.ref_bps, float(tput.max()))
-        self.best_rate_bps = np.maximum(self.best_rate_bps, tput / np.maximum(threads, 1))
-        prev_t, prev_x = (threads, tput) if self._prev is None else self._prev
-        out = encode_arrays(threads, tput, fill, prev_t, prev_x, np.array([self.ref_bps]), self.max_threads,
-                            self.best_rate_bps)[0]
-        self._prev = (threads, tput)
-        return out
+        """Encode one interval's measurements; updates the running state. Returns shape (OBS_DIM,)."""
+        busy = None if obs.busy_s is None else np.asarray(obs.busy_s, dtype=np.float64).reshape(1, 3)
+        wait = None if obs.wait_s is None else np.asarray(obs.wait_s, dtype=np.float64).reshape(1, 3)
+        return self.state.encode(np.asarray(obs.threads, dtype=np.int64).reshape(1, 3),
+                                 np.asarray(obs.throughput_bps, dtype=np.float64).reshape(1, 3),
+                                 np.asarray(obs.buffer_fill, dtype=np.float64).reshape(1, 2),
+                                 busy, wait, float(obs.interval_s), self.max_threads)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,17 +280,22 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
         substeps: int = 1,
         bound_penalty: float = 0.0,
         render_mode: str | None = None,
+        chunk_bytes: float | None = None,
+        chunk_range: tuple[float, float] | None = None,
+        start_mix: tuple[float, float, float] | None = None,
+        action_head: str = DEFAULT_ACTION_HEAD,
     ) -> None:
         assert render_mode is None, "BufferSimEnv has no render modes"
         self.render_mode = render_mode
         self._core = SimCore(1, profile, k, episode_steps, randomize, random_profiles, random_start, noise,
-                             substeps, bound_penalty)
+                             substeps, bound_penalty, chunk_bytes, chunk_range, start_mix)
+        self.action_head = action_head
         self.profile: Profile = self._core.profile
         self.k = float(k)
         self.episode_steps = int(episode_steps)
         self.max_threads = self._core.max_threads
         self.observation_space = make_observation_space()
-        self.action_space = make_action_space()
+        self.action_space = make_action_space(action_head, self.max_threads)
         self._needs_reset = True
 
     # ------------------------------------------------------------------ gym API
@@ -286,7 +307,8 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         assert not self._needs_reset, "Call reset before using step method."
-        new = actions_to_threads(np.asarray(action).reshape(1, 3), self._core.threads, self.max_threads)
+        new = actions_to_threads(np.asarray(action).reshape(1, 3), self._core.threads, self.max_threads,
+                                 self.action_head)
         return self._step(new)
 
     def step_threads(self, threads: Sequence[int]) -> tuple[np.ndarray, float, bool, bool, dict]:
@@ -333,7 +355,7 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
         c = self._core
         t = c.threads[0]
         x = c.tput[0]
-        fs, fr = float(c.S[0] / c.smax[0]), float(c.R[0] / c.rmax[0])
+        fs, fr = float(c.fill_obs[0, 0]), float(c.fill_obs[0, 1])
         obs = Observation(
             threads=(int(t[0]), int(t[1]), int(t[2])),
             throughput_bps=(float(x[0]), float(x[1]), float(x[2])),
@@ -341,12 +363,15 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
             interval_s=c.interval_s,
             max_threads=c.max_threads,
             buffer_bytes=(int(round(c.smax[0])), int(round(c.rmax[0]))),
+            busy_s=tuple(float(v) for v in c.busy[0]),  # type: ignore[arg-type]
+            wait_s=tuple(float(v) for v in c.wait[0]),  # type: ignore[arg-type]
         )
         info: dict[str, Any] = {"observation": obs}
         for i, st in enumerate(STAGES):
             info[f"sim/{st}/threads"] = int(t[i])
             info[f"sim/{st}/throughput_bps"] = float(x[i])
             info[f"sim/{st}/capacity_bps"] = float(c.cap[0, i])
+            info[f"sim/{st}/moved_bps"] = float(c.moved[0, i] / c.interval_s)
         info["sim/buffer/sender_fill"] = fs
         info["sim/buffer/receiver_fill"] = fr
         info["sim/buffer/sender_bytes"] = float(c.S[0])

@@ -7,7 +7,7 @@ themselves (the PPO agent through :class:`automdt.simulator.env.ObservationEncod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Tuple
+from typing import Optional, Tuple
 
 Triple = Tuple[int, int, int]
 """Thread counts (read, network, write)."""
@@ -26,6 +26,12 @@ class Observation:
     :param loss: optional network loss ratio (TCP retransmits / segments sent) in the interval,
         0 when unknown; used by the Falcon/Marlin network utility.
     :param buffer_bytes: capacities (sender, receiver) of the staging buffers in bytes.
+    :param busy_s: thread-seconds each stage (read, net, write) spent working in the interval
+        (throttle sleeps included; the network's time blocked by a full receiver buffer is not
+        busy), or None when unknown.
+    :param wait_s: thread-seconds each stage spent waiting on a staging buffer (readers on a full
+        sender buffer, the network on an empty sender or a full receiver buffer, writers on an
+        empty receiver buffer), or None when unknown.
     """
 
     threads: Triple
@@ -35,4 +41,6 @@ class Observation:
     max_threads: int = 32
     loss: float = 0.0
     buffer_bytes: Tuple[int, int] = (0, 0)
+    busy_s: Optional[Tuple[float, float, float]] = None
+    wait_s: Optional[Tuple[float, float, float]] = None
     extra: dict = field(default_factory=dict, compare=False)

@@ -16,7 +16,7 @@ from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space
 from gymnasium.vector.vector_env import AutoresetMode
 
-from automdt.simulator.dynamics import SimCore, actions_to_threads
+from automdt.simulator.dynamics import DEFAULT_ACTION_HEAD, SimCore, actions_to_threads
 from automdt.simulator.env import make_action_space, make_observation_space
 from automdt.simulator.profile import Profile, capacity_array
 
@@ -95,6 +95,10 @@ class BatchedBufferSim(VectorEnv):
         reward: str = "measured",
         surplus_penalty: float = 0.0,
         change_penalty: float = 0.0,
+        chunk_bytes: float | None = None,
+        chunk_range: tuple[float, float] | None = None,
+        start_mix: tuple[float, float, float] | None = None,
+        action_head: str = DEFAULT_ACTION_HEAD,
     ) -> None:
         if reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
@@ -107,7 +111,8 @@ class BatchedBufferSim(VectorEnv):
         self.num_envs = int(num_envs)
         self.reward_mode = reward
         self._core = SimCore(self.num_envs, profile, k, episode_steps, randomize, random_profiles, random_start,
-                             noise, substeps, bound_penalty)
+                             noise, substeps, bound_penalty, chunk_bytes, chunk_range, start_mix)
+        self.action_head = action_head
         self.profile = self._core.profile
         self.k = float(k)
         self.episode_steps = int(episode_steps)
@@ -119,7 +124,7 @@ class BatchedBufferSim(VectorEnv):
         }
         self.render_mode = None
         self.single_observation_space = make_observation_space()
-        self.single_action_space = make_action_space()
+        self.single_action_space = make_action_space(action_head, self.max_threads)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._default_seed = seed
@@ -168,7 +173,7 @@ class BatchedBufferSim(VectorEnv):
         """Apply (N,3) action indices (see :func:`~automdt.simulator.env.action_to_threads`)."""
         assert not self._needs_reset, "Call reset before using step method."
         threads = actions_to_threads(np.asarray(actions).reshape(self.num_envs, 3), self._core.threads,
-                                     self.max_threads)
+                                     self.max_threads, self.action_head)
         return self._step(threads)
 
     def step_threads(self, threads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
@@ -222,6 +227,8 @@ class BatchedBufferSim(VectorEnv):
             "threads": c.threads.copy(),
             "throughput_bps": c.tput.copy(),
             "buffer_fill": c.fill(),
+            "busy_s": c.busy.copy(),
+            "wait_s": c.wait.copy(),
             "utility": c.utility.copy(),
             "reward_scale_bps": c.scale.copy(),
             "step": c.steps.copy(),

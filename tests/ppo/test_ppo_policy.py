@@ -174,7 +174,7 @@ def test_spaces_mismatch(tmp_path, tiny_policy):
     meta = json.loads(tiny_policy.metadata_path.read_text())
     meta["action_space"]["nvec"] = [3, 3, 3]
     p.with_name(p.name + ".json").write_text(json.dumps(meta))
-    assert "trained for action_space MultiDiscrete[3, 3, 3], this simulator has MultiDiscrete[5, 5, 5]" in _load_error(p)
+    assert "trained for action_space MultiDiscrete[3, 3, 3], this simulator has MultiDiscrete[33, 33, 33]" in _load_error(p)
 
 
 def _with_policy_kwarg(tmp_path, tiny_policy, key, value):
@@ -290,7 +290,7 @@ def test_debiased_spare_counts_surplus_threads_whatever_the_noise():
     half a thread at 2% capacity noise, one at 8%); the plain spare_threads reads high by about
     twice as much."""
     from automdt.agents.ppo import FeatureState, add_features
-    from automdt.simulator.env import BufferSimEnv
+    from automdt.simulator.env import OBS_DIM, BufferSimEnv
     from automdt.simulator.oracle import oracle
     from tests.ppo.conftest import held_out_profiles
 
@@ -310,10 +310,10 @@ def test_debiased_spare_counts_surplus_threads_whatever_the_noise():
                     obs, *_ = env.step_threads([(2, 2, 2), (4, 4, 4), (8, 8, 8)][t] if t < 3
                                                else (best[0], best[1], best[2] + extra))
                     x = add_features(obs, feats, 32, state)
-                    if t >= 15:
-                        raw.append(x[19] * 8)
-                        deb.append(x[22] * 8)
-                        lev.append(x[23])
+                    if t >= 15:  # the write stage of each feature (after the encoding's OBS_DIM inputs)
+                        raw.append(x[OBS_DIM + 2] * 8)
+                        deb.append(x[OBS_DIM + 5] * 8)
+                        lev.append(x[OBS_DIM + 6])
             assert abs(np.mean(deb) - extra) < (0.5 if noise < 0.05 else 1.0), (noise, extra, np.mean(deb))
             assert np.mean(raw) - extra > 1.5 * (np.mean(deb) - extra)
             levels[noise] = np.mean(lev)
@@ -322,8 +322,9 @@ def test_debiased_spare_counts_surplus_threads_whatever_the_noise():
 
 def test_stateful_features_need_a_state():
     from automdt.agents.ppo import add_features
+    from automdt.simulator.env import OBS_DIM
 
     with pytest.raises(ValueError, match="FeatureState"):
-        add_features(np.zeros(17, np.float32), ("noise_level",), 32)
+        add_features(np.zeros(OBS_DIM, np.float32), ("noise_level",), 32)
     with pytest.raises(ValueError, match="unknown policy feature"):
-        add_features(np.zeros(17, np.float32), ("nope",), 32)
+        add_features(np.zeros(OBS_DIM, np.float32), ("nope",), 32)

@@ -216,6 +216,9 @@ def test_thread_efficiency_feature_by_hand():
     # net/write: 2 threads each carry 100 MB/s now, 50 MB/s per thread (best so far) -> 1.0
     assert obs[14:17].tolist() == pytest.approx([0.5, 1.0, 1.0])
     assert obs[3:6].tolist() == pytest.approx([1.0, 1.0, 1.0])  # every stage at the running max
+    assert obs[17:20].tolist() == pytest.approx([1.0, 1.0, 1.0])  # all busy: read at its bandwidth
     obs, _, _, _, _ = env.step_threads((10, 4, 4))
-    # read 10 MB/s per thread again (1.0); net/write 100/4 = 25 vs best 50 -> 0.5
-    assert obs[14:17].tolist() == pytest.approx([1.0, 0.5, 0.5])
+    # read 10 MB/s per thread again (1.0). Net/write: 4 threads carry 100 MB/s at 50 MB/s each, so
+    # they work half the time (utilization 0.5) and a working thread is as fast as ever (1.0).
+    assert obs[14:17].tolist() == pytest.approx([1.0, 1.0, 1.0])
+    assert obs[17:20].tolist() == pytest.approx([1.0, 0.5, 0.5])

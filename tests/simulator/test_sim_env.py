@@ -71,17 +71,34 @@ def test_two_seeded_rollouts_identical(kw):
     assert not np.array_equal(o1, o3)
 
 
-def test_action_mapping():
+def test_step_head_mapping():
     m = 32
-    assert action_to_threads([4, 4, 4], (1, 1, 1), m) == (2, 2, 2)
-    assert action_to_threads([0, 1, 2], (7, 7, 7), m) == (3, 6, 7)
-    assert action_to_threads([3, 4, 0], (32, 20, 1), m) == (32, 32, 1)  # clipped to [1, max]
-    assert action_to_threads([1, 0, 2], (1, 1, 1), m) == (1, 1, 1)
+    assert action_to_threads([4, 4, 4], (1, 1, 1), m, "step") == (2, 2, 2)
+    assert action_to_threads([0, 1, 2], (7, 7, 7), m, "step") == (3, 6, 7)
+    assert action_to_threads([3, 4, 0], (32, 20, 1), m, "step") == (32, 32, 1)  # clipped to [1, max]
+    assert action_to_threads([1, 0, 2], (1, 1, 1), m, "step") == (1, 1, 1)
     n, steps = (1, 1, 1), 0
     while n != (32, 32, 32):
-        n, steps = action_to_threads([4, 4, 4], n, m), steps + 1
+        n, steps = action_to_threads([4, 4, 4], n, m, "step"), steps + 1
     assert steps == 5  # 1 -> 32 by doubling
-    assert make_action_space().nvec.tolist() == [5, 5, 5]
+    assert make_action_space("step").nvec.tolist() == [5, 5, 5]
+
+
+def test_absolute_head_sets_any_count_in_one_step():
+    m = 32
+    assert action_to_threads([32, 8, 2], (1, 1, 1), m) == (32, 8, 2)  # the default head
+    assert action_to_threads([0, 0, 5], (7, 9, 1), m) == (7, 9, 5)  # 0 holds the current count
+    assert action_to_threads([20, 0, 3], (1, 40, 1), 16, action_max=32) == (16, 16, 3)  # clipped to the bound
+    assert make_action_space().nvec.tolist() == [33, 33, 33]
+    assert make_action_space("absolute", 8).nvec.tolist() == [9, 9, 9]
+    with pytest.raises(ValueError, match="0..32"):
+        action_to_threads([33, 0, 0], (1, 1, 1), m)
+    with pytest.raises(ValueError, match="unknown action head"):
+        action_to_threads([1, 1, 1], (1, 1, 1), m, "jump")
+    env = BufferSimEnv(random_start=False)
+    env.reset(seed=0)
+    env.step(np.array([16, 0, 4]))
+    assert env.threads == (16, 1, 4)
 
 
 def test_utility_formula():
@@ -139,5 +156,5 @@ def test_bound_penalty_and_options():
     env = BufferSimEnv(bound_penalty=0.5, random_start=True)
     _, info = env.reset(seed=0, options={"threads": (32, 1, 32), "buffer_fill": (0.0, 0.0)})
     assert env.threads == (32, 1, 32)
-    _, r, _, _, info = env.step(np.array([2, 2, 2]))
+    _, r, _, _, info = env.step(np.array([0, 0, 0]))  # hold
     assert r == pytest.approx(info["sim/utility"] - 1.0)
