@@ -3,9 +3,11 @@
 Public API (see each module): :mod:`~automdt.simulator.profile` (``Profile``, ``StageProfile``,
 ``capacity``, ``ProfileError``), :mod:`~automdt.simulator.env` (``BufferSimEnv`` registered as
 ``automdt/BufferSim-v0``, ``ObservationEncoder``, ``action_to_threads``, ``utility``),
-:mod:`~automdt.simulator.vector` (``BatchedBufferSim``). The stable-baselines3 adapter lives in
+:mod:`~automdt.simulator.vector` (``BatchedBufferSim``), :mod:`~automdt.simulator.changes`
+(``ProfileChanges``: episodes whose profile changes mid-episode). The stable-baselines3 adapter lives in
 :mod:`automdt.simulator.sb3` and is not imported here (it pulls in torch).
 """
+from automdt.simulator.changes import ProfileChanges
 from automdt.simulator.env import (
     ENV_ID,
     OBS_DIM,
@@ -31,6 +33,7 @@ __all__ = [
     "Observation",
     "ObservationEncoder",
     "Profile",
+    "ProfileChanges",
     "ProfileError",
     "StageProfile",
     "Triple",
