@@ -287,6 +287,7 @@ def train(
     n_eval_profiles: int = 12,
     init_from: Optional[Union[str, os.PathLike]] = None,
     select_from: float = 0.0,
+    changes: Any = None,
 ) -> TrainReport:
     """Train a PPO policy in the simulator and write it with its metadata and learning curve.
 
@@ -323,6 +324,10 @@ def train(
         e.g. 0.75 keeps the choice among the settled late networks: an early network can score
         well on the evaluation profiles while its high learning rate and entropy bonus still
         leave it wavering between two thread counts.
+    :param changes: a :class:`automdt.simulator.changes.ProfileChanges`: training episodes whose
+        profile changes at random steps (a moving bottleneck, a link that halves), so the policy
+        has seen a path change under it; None: every episode keeps its profile. Evaluation
+        episodes never change (the oracle is defined for one profile).
     """
     import torch as th
     from stable_baselines3 import PPO
@@ -369,7 +374,7 @@ def train(
         num_envs=cfg.num_envs, profile=profile, k=cfg.reward_k or k, episode_steps=cfg.episode_steps,
         randomize=randomize, random_profiles=random_profiles, random_start=random_start, noise=noise,
         seed=seed, reward=cfg.reward, surplus_penalty=cfg.surplus_penalty,
-        change_penalty=cfg.change_penalty,
+        change_penalty=cfg.change_penalty, changes=changes,
     )
     venv.seed(seed)  # env i gets seed + i at the first reset (SB3 VecEnv semantics)
     train_env: Any = venv
@@ -526,6 +531,7 @@ def train(
         "random_profiles": bool(random_profiles),
         "randomize": float(randomize),
         "random_start": bool(random_start),
+        "changes": None if changes is None else changes.to_dict(),
         "noise": noise,
         "profile": None if random_profiles else profile.to_dict(include_samples=False),
         "seed": int(seed),
