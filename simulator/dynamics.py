@@ -17,7 +17,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from automdt.simulator.profile import N_PROFILE_UNIFORMS, Profile, capacity_array, random_profile_arrays
+from automdt.simulator.profile import (N_PROFILE_UNIFORMS, Profile, capacity_array, peak_capacity_array,
+                                      random_profile_arrays)
 
 N_PARAM_UNIFORMS = 32
 """Uniforms reserved at each reset before the noise block (see :data:`U_LAYOUT`)."""
@@ -306,8 +307,8 @@ def busy_seconds(moved: np.ndarray, cap_bps: np.ndarray, threads: np.ndarray, tp
     works at the per-thread rate, so moving ``m`` bytes keeps ``m / tpt`` thread-seconds busy. A
     stage held at its bandwidth with work queued for it (``backlog``: data waiting in its input
     buffer) keeps every thread busy, since they queue on the shared limit; fed at exactly its
-    bandwidth and no faster, it still works at the per-thread rate. With the ``concave`` capacity
-    model the capacity is spread evenly: ``n * dt * m / (c * dt)``.
+    bandwidth and no faster, it still works at the per-thread rate. With any other capacity model
+    (``concave``, USL contention) the capacity is spread evenly: ``n * dt * m / (c * dt)``.
 
     :param moved: (N,3) bytes moved; ``cap_bps``, ``tpt_bps``, ``bw_bps`` (N,3) this interval's
         capacities, per-thread rates and bandwidths (noise included); ``threads`` (N,3).
@@ -377,6 +378,7 @@ class SimCore:
         chunk_bytes: float | None = None,
         chunk_range: tuple[float, float] | None = None,
         start_mix: tuple[float, float, float] | None = None,
+        changes: Any = None,
     ) -> None:
         if profile is None:
             profile = Profile.default()
@@ -419,6 +421,7 @@ class SimCore:
         self.block_len = self.episode_steps + 1  # intervals per noise block (reset + steps)
         self.per_interval = 6 if self.chunked else 3  # capacity factors (+ in-flight draws)
         self.n_uniforms = N_PARAM_UNIFORMS + self.per_interval * self.block_len
+        self._init_contention_and_changes(profile, changes)
 
         n = self.num_envs
         self.tpt = np.tile(profile.tpt_array(), (n, 1))
@@ -501,8 +504,13 @@ class SimCore:
                 fill = np.clip(np.broadcast_to(f, (m, 2)), 0.0, 1.0).astype(np.float64)
         self.tpt[rows], self.bw[rows] = tpt, bw
         self.smax[rows], self.rmax[rows], self.noise[rows] = smax, rmax, noise
-        self.scale[rows] = capacity_array(tpt, bw, float(self.max_threads), self.model).min(axis=1)
-        self.factors[rows], self.zdraw[rows] = self._factors(u[:, U_LAYOUT["noise"]], noise)
+        self.scale[rows] = self._scale(rows)
+        if self.changes is not None:
+            self.change_at[rows], self.change_tpt[rows], self.change_bw[rows] = self.changes.draw(
+                u[:, self.n_uniforms - self._n_change_u:], tpt, bw, self.episode_steps, self.max_threads,
+                self.random_profiles)
+        self.factors[rows], self.zdraw[rows] = self._factors(
+            u[:, U_LAYOUT["noise"]][:, :self.per_interval * self.block_len], noise)
         if self.chunk_range is not None:
             lo, hi = self.chunk_range
             ratio = np.exp(np.log(lo) + u[:, U_LAYOUT["chunk_ratio"]][:, 0] * (np.log(hi) - np.log(lo)))
@@ -512,6 +520,7 @@ class SimCore:
         self.S[rows] = fill[:, 0] * smax
         self.R[rows] = fill[:, 1] * rmax
         self.steps[rows] = 0
+        self.profile_changes[rows] = 0
         self.noise_idx[rows] = 0
         # The first observation is a real measurement: one interval at the start triple.
         self._advance(rows, threads, rngs, first=True)
@@ -547,6 +556,8 @@ class SimCore:
     def step_threads(self, threads: np.ndarray, rngs: Sequence[np.random.Generator]) -> None:
         """Run one interval for all environments with the given (N,3) thread counts."""
         threads = np.clip(np.asarray(threads, dtype=np.int64).reshape(self.num_envs, 3), 1, self.max_threads)
+        if self.changes is not None:
+            self._apply_changes()
         self._advance(None, threads, rngs, first=False)
         self.steps += 1
 
@@ -567,15 +578,17 @@ class SimCore:
         f = self.factors[env_ids, idx]  # (m,3)
         dt = self.interval_s
         tptf, bwf = self.tpt[sel] * f, self.bw[sel] * f
-        cap = capacity_array(self.tpt[sel], self.bw[sel], threads.astype(np.float64), self.model) * f
+        usl = (None, None) if self.sigma is None else (self.sigma[sel], self.kappa[sel])
+        cap = capacity_array(self.tpt[sel], self.bw[sel], threads.astype(np.float64), self.model, *usl) * f
+        busy_model = self.model if self.sigma is None else "usl"  # contention: the capacity spread evenly
         smax, rmax = self.smax[sel], self.rmax[sel]
         if self.chunked:
             S, R, moved, busy, wait, tput, fill_obs, inflight, kbusy = self._advance_chunked(
-                sel, threads, first, cap, tptf, bwf, self.zdraw[env_ids, idx])
+                sel, threads, first, cap, tptf, bwf, self.zdraw[env_ids, idx], busy_model)
         else:
             S, R, moved = run_interval(self.S[sel], self.R[sel], cap, dt, smax, rmax, self.substeps)
             backlog = backlog_flags(S, R, 1e-6 * smax, 1e-6 * rmax)
-            busy = busy_seconds(moved, cap, threads, tptf, bwf, dt, backlog, self.model)
+            busy = busy_seconds(moved, cap, threads, tptf, bwf, dt, backlog, busy_model)
             wait = threads * dt - busy
             tput = moved * (1.0 / dt)
             fill_obs = np.stack([S / smax, R / rmax], axis=1)
@@ -601,7 +614,7 @@ class SimCore:
             self.inflight[sel], self.kbusy[sel] = inflight, kbusy
 
     def _advance_chunked(self, sel: Any, threads: np.ndarray, first: bool, cap: np.ndarray, tptf: np.ndarray,
-                         bwf: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, ...]:
+                         bwf: np.ndarray, z: np.ndarray, busy_model: str) -> tuple[np.ndarray, ...]:
         """One interval with the engine's chunk effects (see :func:`measure_interval`).
 
         Threads above a lowered count finish the chunk they hold (their remaining bytes add to the
@@ -625,13 +638,52 @@ class SimCore:
         extra_done = np.minimum(extra, moved)
         extra_busy = extra_done / np.maximum(per_thread, _TINY_BPS)
         backlog = backlog_flags(S, R, chunk, chunk)
-        busy_main = busy_seconds(moved - extra_done, cap, threads, tptf, bwf, dt, backlog, self.model)
+        busy_main = busy_seconds(moved - extra_done, cap, threads, tptf, bwf, dt, backlog, busy_model)
         counted, inflight, kbusy = measure_interval(moved, busy_main, infl_prev, chunk, z, dt)
         busy = busy_main + extra_busy
         wait = np.maximum(threads * dt - busy_main, 0.0)
         fill_obs = np.stack([np.minimum(S + (kbusy[:, 0] + kbusy[:, 1]) * chunk, smax) / smax,
                              np.minimum(R + kbusy[:, 2] * chunk, rmax) / rmax], axis=1)
         return S, R, moved, busy, wait, counted / dt, fill_obs, inflight, kbusy
+
+    # ------------------------------------------------------------------ contention and changes
+    def _init_contention_and_changes(self, profile: Profile, changes: Any) -> None:
+        """USL contention arrays (``None`` when the profile has none) and the mid-episode change
+        plan of :class:`automdt.simulator.changes.ProfileChanges` (``changes``; None: off)."""
+        n = self.num_envs
+        sig, kap = profile.contention_arrays()
+        self.sigma = None if sig is None else np.tile(sig, (n, 1))
+        self.kappa = None if kap is None else np.tile(kap, (n, 1))
+        self.changes = changes
+        self._n_change_u = 0 if changes is None else changes.n_uniforms(self.random_profiles)
+        self.n_uniforms += self._n_change_u
+        k = 1 if changes is None else changes.max_changes
+        self.change_at = np.zeros((n, k), dtype=np.int64)
+        self.change_tpt = np.zeros((n, k, 3))
+        self.change_bw = np.zeros((n, k, 3))
+        self.changed = np.zeros(0, dtype=np.int64)
+        """Rows whose profile changed at the last step (for per-episode values that follow it)."""
+        self.profile_changes = np.zeros(n, dtype=np.int64)
+        """Changes so far in each env's episode."""
+
+    def _scale(self, rows: np.ndarray | None) -> np.ndarray:
+        """The reward normalisation of ``rows``: each env's achievable rate (the weakest stage's peak)."""
+        sel = slice(None) if rows is None else rows
+        usl = (None, None) if self.sigma is None else (self.sigma[sel], self.kappa[sel])
+        return peak_capacity_array(self.tpt[sel], self.bw[sel], self.max_threads, self.model, *usl).min(axis=1)
+
+    def _apply_changes(self) -> None:
+        """Switch the envs whose next step is a change step to that slot's profile."""
+        hit = self.change_at == (self.steps + 1)[:, None]  # (N, K)
+        rows = np.flatnonzero(hit.any(axis=1))
+        self.changed = rows
+        if rows.size == 0:
+            return
+        k = hit.shape[1] - 1 - np.argmax(hit[rows, ::-1], axis=1)  # the last used slot of that step
+        self.tpt[rows] = self.change_tpt[rows, k]
+        self.bw[rows] = self.change_bw[rows, k]
+        self.scale[rows] = self._scale(rows)
+        self.profile_changes[rows] += 1
 
     # ------------------------------------------------------------------ views
     def bounded(self, util: np.ndarray, threads: np.ndarray) -> np.ndarray:

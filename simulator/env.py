@@ -1,8 +1,9 @@
 """Gymnasium environment of the two staging buffers, and the policy-facing contract.
 
-The live controller uses exactly :class:`ObservationEncoder`, :func:`action_to_threads`,
-:func:`make_action_space` / :func:`make_observation_space` and :func:`utility`: they are pure
-(the encoder holds only per-episode running values) and need no knowledge of the profile.
+The live controller uses the same encoding (:class:`ObservationEncoder`, which lives in the
+numpy-only :mod:`automdt.simulator.pipeline` and is re-exported here), action map
+(:func:`~automdt.simulator.dynamics.actions_to_threads`, :func:`action_to_threads` here) and
+:func:`utility`: they are pure and need no knowledge of the profile.
 """
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ from automdt.simulator.dynamics import (
     DEFAULT_ACTION_HEAD,
     OBS_DIM,
     OBS_NAMES,
-    EncodingState,
     SimCore,
     action_nvec,
     actions_to_threads,
     utility_arrays,
 )
+from automdt.simulator.pipeline import ObservationEncoder  # noqa: F401  (re-exported: its old home)
 from automdt.simulator.profile import STAGES, Profile
 from automdt.simulator.types import Observation, Triple
 
@@ -102,68 +103,6 @@ def utility(throughput_bps: Sequence[float] | np.ndarray, threads: Sequence[int]
     """
     u = utility_arrays(np.asarray(throughput_bps, dtype=np.float64), np.asarray(threads), k, scale_bps)
     return float(u) if np.ndim(u) == 0 else u
-
-
-class ObservationEncoder:
-    """Turns measured :class:`Observation` s into the policy input; one instance per episode.
-
-    Scale-free and profile-free: it uses only what the live engine measures, through the same
-    :class:`~automdt.simulator.dynamics.EncodingState` the simulator encodes with. Layout
-    (``OBS_DIM = 25``, all float32 in [0, 1]):
-
-    | Index | Name (:data:`OBS_NAMES`)  | Value                                                     |
-    |-------|---------------------------|-----------------------------------------------------------|
-    | 0-2   | read/net/write threads    | threads / max_threads                                     |
-    | 3-5   | read/net/write throughput | throughput (B/s) / ref, ref = max stage throughput so far |
-    | 6     | buffer/sender_fill        | sender buffer fill fraction at the end of the interval    |
-    | 7     | buffer/receiver_fill      | receiver buffer fill fraction                             |
-    | 8-10  | prev threads              | the previous interval's threads / max_threads             |
-    | 11-13 | prev throughput           | the previous interval's throughputs / ref (current ref)   |
-    | 14-16 | thread efficiency         | per-busy-thread rate / the stage's reference rate         |
-    | 17-19 | utilization               | busy / (busy + waiting) thread-seconds of the stage       |
-    | 20-22 | peak throughput           | the stage's largest throughput so far / ref               |
-    | 23-24 | buffer trend              | 0.5 + (fill - previous fill) / 2, sender and receiver     |
-
-    ``ref`` is the largest single-stage throughput seen since :meth:`reset` (floored at 1 B/s), so
-    the stage with the best rate so far reads 1 and a path of any speed looks alike. On the first
-    interval "previous" equals current.
-
-    *Utilization* is the share of a stage's thread time spent working: a stage that waits on a
-    staging buffer (readers on a full sender buffer, writers on an empty receiver buffer) reads
-    below 1, and ``n * (1 - utilization)`` of its threads are idle. *Thread efficiency* is the
-    stage's rate per busy thread (``bytes / busy thread-seconds``) relative to the best it showed
-    in this transfer (learned only from intervals with enough busy time and no cut of that
-    stage's threads, see :class:`~automdt.simulator.dynamics.EncodingState`): a stage held at its
-    bandwidth reads below 1. Without busy/wait counters (``Observation.busy_s`` None) every thread
-    counts as busy and the rate is ``t / n``. *Peak throughput* says what a stage has shown it can
-    move; the *buffer trend* shows a buffer filling or draining before it is full or empty.
-
-    :param max_threads: the thread bound used to scale thread counts.
-    """
-
-    def __init__(self, max_threads: int) -> None:
-        assert max_threads >= 1, f"max_threads must be >= 1, got {max_threads}"
-        self.max_threads = int(max_threads)
-        self.observation_space = make_observation_space()
-        self.state = EncodingState(1)
-
-    def reset(self) -> None:
-        """Forget the running references and the previous interval (start of a transfer)."""
-        self.state.reset()
-
-    @property
-    def ref_bps(self) -> float:
-        """The running throughput reference (largest stage throughput so far)."""
-        return float(self.state.ref[0])
-
-    def encode(self, obs: Observation) -> np.ndarray:
-        """Encode one interval's measurements; updates the running state. Returns shape (OBS_DIM,)."""
-        busy = None if obs.busy_s is None else np.asarray(obs.busy_s, dtype=np.float64).reshape(1, 3)
-        wait = None if obs.wait_s is None else np.asarray(obs.wait_s, dtype=np.float64).reshape(1, 3)
-        return self.state.encode(np.asarray(obs.threads, dtype=np.int64).reshape(1, 3),
-                                 np.asarray(obs.throughput_bps, dtype=np.float64).reshape(1, 3),
-                                 np.asarray(obs.buffer_fill, dtype=np.float64).reshape(1, 2),
-                                 busy, wait, float(obs.interval_s), self.max_threads)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,6 +197,8 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
     :param noise: relative std of the per-interval capacity noise; ``None``: the profile's.
     :param substeps: sub-steps per interval.
     :param bound_penalty: reward penalty per stage at ``max_threads``.
+    :param changes: a :class:`~automdt.simulator.changes.ProfileChanges`: the profile may change
+        at random steps of an episode (``info["sim/profile_changes"]`` counts them); None: off.
 
     All randomness comes from ``self.np_random`` (see :mod:`automdt.simulator.dynamics`).
 
@@ -284,11 +225,12 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
         chunk_range: tuple[float, float] | None = None,
         start_mix: tuple[float, float, float] | None = None,
         action_head: str = DEFAULT_ACTION_HEAD,
+        changes: Any = None,
     ) -> None:
         assert render_mode is None, "BufferSimEnv has no render modes"
         self.render_mode = render_mode
         self._core = SimCore(1, profile, k, episode_steps, randomize, random_profiles, random_start, noise,
-                             substeps, bound_penalty, chunk_bytes, chunk_range, start_mix)
+                             substeps, bound_penalty, chunk_bytes, chunk_range, start_mix, changes=changes)
         self.action_head = action_head
         self.profile: Profile = self._core.profile
         self.k = float(k)
@@ -334,7 +276,9 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
         c = self._core
         from automdt.simulator.profile import StageProfile
 
-        st = [StageProfile(float(c.tpt[0, i]), float(c.bw[0, i])) for i in range(3)]
+        usl = [(0.0, 0.0)] * 3 if c.sigma is None else [(float(c.sigma[0, i]), float(c.kappa[0, i])) for i in range(3)]
+        st = [StageProfile(float(c.tpt[0, i]), float(c.bw[0, i]), contention=usl[i][0], coherency=usl[i][1])
+              for i in range(3)]
         return Profile(read=st[0], net=st[1], write=st[2], sender_buffer=int(round(c.smax[0])),
                        receiver_buffer=int(round(c.rmax[0])), interval_s=c.interval_s,
                        max_threads=c.max_threads, noise=float(c.noise[0]), capacity_model=c.model)
@@ -379,6 +323,7 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
         info["sim/utility"] = float(c.utility[0])
         info["sim/reward_scale_bps"] = float(c.scale[0])
         info["sim/step"] = int(c.steps[0])
+        info["sim/profile_changes"] = int(c.profile_changes[0])
         return info
 
 
