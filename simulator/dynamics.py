@@ -528,7 +528,7 @@ class SimCore:
     def _mixed_start(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Start triples and fills for ``start_mix`` (probabilities of three kinds of start):
 
-        * *cold*: each stage log-uniform in 1..8 threads, empty buffers (a transfer's first
+        * *cold*: each stage log-uniform in 1..16 threads, empty buffers (a transfer's first
           interval, from whatever start rule chose the triple);
         * *random*: each stage uniform in 1..max_threads, buffers uniformly filled;
         * *drain*: random threads, the sender buffer 70-100% full and the receiver's uniform: a
@@ -538,7 +538,7 @@ class SimCore:
         ut = u[:, U_LAYOUT["start_threads"]]
         uf = u[:, U_LAYOUT["start_fill"]]
         wide = np.minimum(1 + np.floor(ut * self.max_threads).astype(np.int64), self.max_threads)
-        cold = np.minimum(np.rint(np.exp(ut * np.log(8.0))).astype(np.int64), self.max_threads)
+        cold = np.minimum(np.rint(np.exp(ut * np.log(16.0))).astype(np.int64), self.max_threads)
         threads = np.where((mode == 0)[:, None], cold, wide)
         fill = np.where((mode == 0)[:, None], 0.0, uf)
         fill[:, 0] = np.where(mode == 2, 0.7 + 0.3 * uf[:, 0], fill[:, 0])

@@ -222,3 +222,80 @@ def test_thread_efficiency_feature_by_hand():
     # they work half the time (utilization 0.5) and a working thread is as fast as ever (1.0).
     assert obs[14:17].tolist() == pytest.approx([1.0, 1.0, 1.0])
     assert obs[17:20].tolist() == pytest.approx([1.0, 0.5, 0.5])
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine's chunk effects (chunk_bytes) and busy/wait thread-seconds
+# ---------------------------------------------------------------------------------------------
+def _chunked(profile, chunk_mb, threads, fill=(0.0, 0.0), steps=(), seed=0):
+    env = BufferSimEnv(profile, noise=0.0, random_start=False, episode_steps=60, chunk_bytes=chunk_mb * MB)
+    _, info = env.reset(seed=seed, options={"threads": threads, "buffer_fill": fill})
+    out = [info]
+    for t in steps:
+        out.append(env.step_threads(t)[4])
+    return env, out
+
+
+def test_busy_seconds_by_hand():
+    from automdt.simulator.dynamics import busy_seconds
+
+    dt = 1.0
+    threads = np.array([[8, 5, 2]])
+    tpt = np.array([[10, 40, 40]]) * MB
+    bw = np.array([[1e4, 80, 1e4]]) * MB
+    cap = np.minimum(threads * tpt, bw)
+    # read-bound: reads at their 80 MB/s (busy), the network below its 80 MB/s link at 40 per
+    # thread (80/40 = 2 of 5 threads' time), writers at 80 of 2 x 40 (busy)
+    moved = np.array([[80, 80, 80]]) * MB
+    busy = busy_seconds(moved, cap, threads, tpt, bw, dt, np.array([[True, False, False]]))
+    assert busy[0].tolist() == pytest.approx([8.0, 2.0, 2.0])
+    # the same flow with data queued for the network: a stage held at its bandwidth is all busy
+    busy = busy_seconds(moved, cap, threads, tpt, bw, dt, np.array([[True, True, False]]))
+    assert busy[0].tolist() == pytest.approx([8.0, 5.0, 2.0])
+
+
+def test_chunk_model_conserves_bytes_and_shows_the_cut_tail():
+    # read 10 MB/s per thread (B 1000), net 40/80, write 40/1000, buffers 256 MB, 4 MB chunks
+    p = prof((10, 1000), (40, 80), (40, 1000), 256, 256)
+    sched = [(16, 4, 3), (16, 4, 3), (8, 4, 3), (8, 4, 3), (8, 4, 3)]
+    env, infos = _chunked(p, 4, sched[0], steps=sched[1:])
+    counted = np.array([i["observation"].throughput_bps for i in infos]).sum(axis=0)
+    moved = np.array([[i[f"sim/{s}/moved_bps"] for s in ("read", "net", "write")] for i in infos]).sum(axis=0)
+    # every byte moved is counted once: what is not counted yet is in flight at the end
+    assert moved - counted == pytest.approx(env._core.inflight[0], abs=1.0)
+    # the cut 16 -> 8 readers: the eight that leave finish their chunk, so the interval counts more
+    # than eight readers move (10 MB/s each) and their busy time is in it
+    cut = infos[2]["observation"]
+    assert cut.throughput_bps[0] > 8 * 10 * MB * 1.1
+    assert cut.busy_s[0] > 8.0
+    # the sender buffer reports the slots busy readers and senders hold (16 + 4 of 4 MB)
+    fill = infos[0]["observation"].buffer_fill[0]
+    queued = infos[0]["sim/buffer/sender_bytes"] / (256 * MB)
+    assert fill == pytest.approx(queued + 20 * 4 / 256, abs=0.01)
+
+
+def test_chunk_model_leaves_the_fluid_model_alone():
+    p = prof((10, 1000), (40, 80), (40, 1000), 256, 256)
+    a = BufferSimEnv(p, noise=0.05, random_start=False, episode_steps=10)
+    b = BufferSimEnv(p, noise=0.05, random_start=False, episode_steps=10, chunk_bytes=0.0)
+    oa, _ = a.reset(seed=3)
+    ob, _ = b.reset(seed=3)
+    assert np.array_equal(oa, ob)
+    for t in [(4, 2, 2), (16, 4, 3), (5, 5, 2)]:
+        assert np.array_equal(a.step_threads(t)[0], b.step_threads(t)[0])
+
+
+def test_mixed_starts():
+    from automdt.simulator.dynamics import N_PARAM_UNIFORMS, U_LAYOUT
+    from automdt.simulator.vector import BatchedBufferSim
+
+    core = BatchedBufferSim(1, random_profiles=True, seed=0, start_mix=(0.5, 0.2, 0.3))._core
+    u = np.random.default_rng(0).random((4000, N_PARAM_UNIFORMS))
+    threads, fill = core._mixed_start(u)
+    mode = u[:, U_LAYOUT["start_mode"]][:, 0]
+    cold, rand, drain = mode < 0.5, (mode >= 0.5) & (mode < 0.7), mode >= 0.7
+    assert (threads[cold] <= 16).all() and (threads[cold] >= 1).all() and (fill[cold] == 0).all()
+    assert 0.3 < np.mean(threads[cold] >= 4) < 0.7  # log-uniform over 1..16
+    assert threads[rand].max() == 32 and (fill[rand] >= 0).all() and (fill[rand] <= 1).all()
+    assert (fill[drain, 0] >= 0.7).all()  # a full sender buffer the threads may drain
+    assert threads[drain].max() == 32
