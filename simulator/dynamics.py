@@ -42,13 +42,17 @@ _SQRT3 = math.sqrt(3.0)
 ACTION_HEADS: tuple[str, ...] = ("absolute", "step")
 """The policy's action heads (one index per stage, see :func:`actions_to_threads`):
 
-* ``"absolute"`` (the default): ``MultiDiscrete([M + 1] * 3)`` for a thread bound ``M``; index 0
-  keeps the stage's count, index ``k`` sets it to ``k`` threads. Any count in one step, as the
-  AutoMDT slides' agent predicts the next thread counts, with an exact "hold".
+* ``"absolute"`` (the default): ``MultiDiscrete([M + 3] * 3)`` for a thread bound ``M``: index 0
+  keeps the stage's count, 1 and 2 take one thread off or add one, index ``2 + k`` sets it to
+  ``k`` threads (:data:`ABSOLUTE_FIXED` names the first three). Any count in one step, as the
+  AutoMDT slides' agent predicts the next thread counts, with an exact "hold" and a one-thread
+  nudge for settling (exact counts are the hard part for a categorical over 32 values).
 * ``"step"``: ``MultiDiscrete([5, 5, 5])``, :data:`ACTION_NAMES` (halve, -1, hold, +1, double):
   the first head, kept for policies trained with it; 1 -> 32 threads takes five steps.
 """
 DEFAULT_ACTION_HEAD = "absolute"
+ABSOLUTE_FIXED: tuple[str, ...] = ("hold", "minus_one", "plus_one")
+"""The ``absolute`` head's first indices; index ``len(ABSOLUTE_FIXED) - 1 + k`` sets ``k`` threads."""
 
 # Step head: index -> (multiplier, addend); new = floor(n * mult) + add, then clipped.
 ACTION_MULT = np.array([0.5, 1.0, 1.0, 1.0, 2.0])
@@ -60,7 +64,7 @@ ACTION_NAMES: tuple[str, ...] = ("halve", "minus_one", "hold", "plus_one", "doub
 def action_nvec(head: str, max_threads: int) -> int:
     """Choices per stage of an action head (:data:`ACTION_HEADS`)."""
     if head == "absolute":
-        return int(max_threads) + 1
+        return int(max_threads) + len(ABSOLUTE_FIXED)
     if head == "step":
         return len(ACTION_NAMES)
     raise ValueError(f"unknown action head {head!r}; use one of {ACTION_HEADS}")
@@ -100,7 +104,8 @@ def actions_to_threads(actions: np.ndarray, current: np.ndarray, max_threads: in
     if a.min(initial=0) < 0 or a.max(initial=0) >= nvec:
         raise ValueError(f"action indices must be in 0..{nvec - 1}, got {actions!r}")
     if head == "absolute":
-        new = np.where(a == 0, cur, a)
+        fixed = len(ABSOLUTE_FIXED)
+        new = np.where(a == 0, cur, np.where(a == 1, cur - 1, np.where(a == 2, cur + 1, a - (fixed - 1))))
     else:
         new = np.floor(cur * ACTION_MULT[a]).astype(np.int64) + ACTION_ADD[a]
     return np.clip(new, 1, max_threads)

@@ -14,6 +14,7 @@ import numpy as np
 from gymnasium import spaces
 
 from automdt.simulator.dynamics import (
+    ABSOLUTE_FIXED,
     ACTION_HEADS,
     ACTION_NAMES,
     DEFAULT_ACTION_HEAD,
@@ -31,6 +32,7 @@ from automdt.simulator.types import Observation, Triple
 ENV_ID = "automdt/BufferSim-v0"
 
 __all__ = [
+    "ABSOLUTE_FIXED",
     "ACTION_HEADS",
     "ACTION_NAMES",
     "DEFAULT_ACTION_HEAD",
@@ -55,7 +57,7 @@ def make_observation_space() -> spaces.Box:
 
 
 def make_action_space(head: str = DEFAULT_ACTION_HEAD, max_threads: int = 32) -> spaces.MultiDiscrete:
-    """The action space of a head (:data:`ACTION_HEADS`): ``MultiDiscrete([max_threads + 1] * 3)``
+    """The action space of a head (:data:`ACTION_HEADS`): ``MultiDiscrete([max_threads + 3] * 3)``
     for ``absolute``, ``MultiDiscrete([5, 5, 5])`` for ``step`` (see :func:`action_to_threads`)."""
     return spaces.MultiDiscrete([action_nvec(head, max_threads)] * 3)
 
@@ -64,8 +66,9 @@ def action_to_threads(action: Sequence[int] | np.ndarray, current: Sequence[int]
                       head: str = DEFAULT_ACTION_HEAD, action_max: int | None = None) -> Triple:
     """Apply a per-stage action to the current thread counts.
 
-    ``absolute`` head (the default): index 0 keeps the stage's count, index ``k`` sets it to ``k``
-    (the AutoMDT slides' agent predicts the next thread counts). ``step`` head (the first one):
+    ``absolute`` head (the default): index 0 keeps the stage's count, 1 takes a thread off, 2 adds
+    one, index ``2 + k`` sets it to ``k`` (the AutoMDT slides' agent predicts the next thread
+    counts). ``step`` head (the first one):
     ``0: n // 2``, ``1: n - 1``, ``2: n`` (hold), ``3: n + 1``, ``4: 2 * n``. The result is
     clipped to ``[1, max_threads]``.
 
@@ -77,7 +80,9 @@ def action_to_threads(action: Sequence[int] | np.ndarray, current: Sequence[int]
       what makes AutoMDT beat Marlin's oscillating gradient descents; a small per-change cost in
       training (``change_penalty``) makes holding the habit;
     * *learnable*: choosing count ``k`` for a target ``x`` is a linear function of ``x`` per
-      logit, and the inputs carry the stage's needed threads (``need`` feature).
+      logit, and the inputs carry the stage's needed threads (``need`` feature); the +-1 indices
+      settle a stage exactly where a categorical over 32 counts lands one off (a trial with
+      absolute counts only settled a read-bound path at 7 readers where 8 were needed).
 
     :param action: three indices (read, net, write).
     :param current: current thread counts (read, net, write).

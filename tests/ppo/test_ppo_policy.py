@@ -220,7 +220,7 @@ def test_spaces_mismatch(tmp_path, tiny_policy):
     meta = json.loads(tiny_policy.metadata_path.read_text())
     meta["action_space"]["nvec"] = [3, 3, 3]
     p.with_name(p.name + ".json").write_text(json.dumps(meta))
-    assert "trained for action_space MultiDiscrete[3, 3, 3], this simulator has MultiDiscrete[33, 33, 33]" in _load_error(p)
+    assert "trained for action_space MultiDiscrete[3, 3, 3], this simulator has MultiDiscrete[35, 35, 35]" in _load_error(p)
 
 
 def _with_policy_kwarg(tmp_path, tiny_policy, key, value):

@@ -34,9 +34,9 @@ def test_metadata_describes_the_run(tiny_policy):
     assert meta["format"] == "automdt-ppo/1"
     assert meta["env_id"] == "automdt/BufferSim-v0"
     assert meta["observation_space"]["type"] == "Box" and meta["observation_space"]["shape"] == [OBS_DIM]
-    # the absolute head: index 0 holds, k sets k threads (up to max_threads = 32)
-    assert meta["action_space"] == {"type": "MultiDiscrete", "nvec": [33, 33, 33], "start": [0, 0, 0]}
-    assert meta["action_head"] == "absolute" and meta["action_names"][:3] == ["hold", "1", "2"]
+    # the absolute head: hold, -1, +1, then 1..max_threads (32) threads
+    assert meta["action_space"] == {"type": "MultiDiscrete", "nvec": [35, 35, 35], "start": [0, 0, 0]}
+    assert meta["action_head"] == "absolute" and meta["action_names"][:5] == ["hold", "minus_one", "plus_one", "1", "2"]
     assert meta["k"] == 1.02 and meta["max_threads"] == 32 and meta["seed"] == 0
     assert meta["timesteps"] == tiny_policy.timesteps
     assert meta["wall_s"] > 0

@@ -86,18 +86,21 @@ def test_step_head_mapping():
 
 def test_absolute_head_sets_any_count_in_one_step():
     m = 32
-    assert action_to_threads([32, 8, 2], (1, 1, 1), m) == (32, 8, 2)  # the default head
-    assert action_to_threads([0, 0, 5], (7, 9, 1), m) == (7, 9, 5)  # 0 holds the current count
-    assert action_to_threads([20, 0, 3], (1, 40, 1), 16, action_max=32) == (16, 16, 3)  # clipped to the bound
-    assert make_action_space().nvec.tolist() == [33, 33, 33]
-    assert make_action_space("absolute", 8).nvec.tolist() == [9, 9, 9]
-    with pytest.raises(ValueError, match="0..32"):
-        action_to_threads([33, 0, 0], (1, 1, 1), m)
+    # the default head: 0 holds, 1 and 2 take one off / add one, 2 + k sets k threads
+    assert action_to_threads([34, 10, 4], (1, 1, 1), m) == (32, 8, 2)
+    assert action_to_threads([0, 0, 7], (7, 9, 1), m) == (7, 9, 5)
+    assert action_to_threads([1, 2, 0], (7, 9, 1), m) == (6, 10, 1)
+    assert action_to_threads([1, 2, 0], (1, 32, 1), m) == (1, 32, 1)  # clipped to [1, max]
+    assert action_to_threads([22, 0, 5], (1, 40, 1), 16, action_max=32) == (16, 16, 3)
+    assert make_action_space().nvec.tolist() == [35, 35, 35]
+    assert make_action_space("absolute", 8).nvec.tolist() == [11, 11, 11]
+    with pytest.raises(ValueError, match="0..34"):
+        action_to_threads([35, 0, 0], (1, 1, 1), m)
     with pytest.raises(ValueError, match="unknown action head"):
         action_to_threads([1, 1, 1], (1, 1, 1), m, "jump")
     env = BufferSimEnv(random_start=False)
     env.reset(seed=0)
-    env.step(np.array([16, 0, 4]))
+    env.step(np.array([18, 0, 6]))
     assert env.threads == (16, 1, 4)
 
 
