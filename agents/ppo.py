@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from automdt.agents.base import clamp_triple
-from automdt.simulator.dynamics import ACTION_HEADS, actions_to_threads
+from automdt.simulator.dynamics import ACTION_HEADS, actions_to_threads, need_from_encoding
 from automdt.simulator.pipeline import (  # noqa: F401  (re-exported: their old home)
     DEBIAS,
     FEATURES,
@@ -489,7 +489,8 @@ class PPOPolicy:
 
     def network_input(self, obs: Observation) -> np.ndarray:
         """Feed one interval through the input pipeline; returns the network input (1, dim)."""
-        x, _ = self._input.step(self._encoder.encode(obs))
+        self._last_encoding = self._encoder.encode(obs)
+        x, _ = self._input.step(self._last_encoding)
         return x
 
     def act(self, obs: Observation) -> Triple:
@@ -501,8 +502,9 @@ class PPOPolicy:
             if self._rng is None:
                 self._rng = np.random.default_rng()
             action = self.actor.sample(x, self._rng)
+        need = need_from_encoding(self._last_encoding, self.train_max_threads)
         new = actions_to_threads(action.reshape(1, -1), np.asarray(obs.threads, dtype=np.int64).reshape(1, 3),
-                                 self.max_threads, self.action_head, self.train_max_threads)[0]
+                                 self.max_threads, self.action_head, self.train_max_threads, need)[0]
         return clamp_triple(new, self.max_threads)
 
     def _mode(self, x: np.ndarray) -> np.ndarray:

@@ -536,6 +536,7 @@ def train(
         "observation_names": list(sim_env.OBS_NAMES),
         "action_head": cfg.action_head,
         "action_names": (list(sim_env.ACTION_NAMES) if cfg.action_head == "step"
+                         else list(sim_env.TARGET_NAMES) if cfg.action_head == "target"
                          else list(sim_env.ABSOLUTE_FIXED) + [str(n) for n in range(1, profile.max_threads + 1)]),
         "policy_kwargs": policy_kwargs_json,
         "frame_stack": int(cfg.frame_stack),

@@ -39,7 +39,7 @@ then the in-flight draws of :func:`measure_interval`."""
 
 _SQRT3 = math.sqrt(3.0)
 
-ACTION_HEADS: tuple[str, ...] = ("absolute", "step")
+ACTION_HEADS: tuple[str, ...] = ("absolute", "step", "target")
 """The policy's action heads (one index per stage, see :func:`actions_to_threads`):
 
 * ``"absolute"`` (the default): ``MultiDiscrete([M + 3] * 3)`` for a thread bound ``M``: index 0
@@ -49,7 +49,20 @@ ACTION_HEADS: tuple[str, ...] = ("absolute", "step")
   nudge for settling (exact counts are the hard part for a categorical over 32 values).
 * ``"step"``: ``MultiDiscrete([5, 5, 5])``, :data:`ACTION_NAMES` (halve, -1, hold, +1, double):
   the first head, kept for policies trained with it; 1 -> 32 threads takes five steps.
+* ``"target"``: ``MultiDiscrete([11] * 3)``, :data:`TARGET_NAMES`: the next count of a stage as a
+  target anchored on what was measured: hold, -1, +1; the threads the stage's current flow needs
+  (:func:`need_from_encoding`: ``n * utilization * efficiency``, rounded up) and that plus one;
+  the threads it needs to *carry* the best delivered rate so far (``need * peak delivered / own
+  throughput``: a reader filling the sender buffer at twice the link's rate carries it with half
+  its threads, a reader left behind by a draining buffer needs more) and that plus one; double or
+  four times the count, the thread bound, half the count. Any count in one step (the anchors are
+  whatever the stages measured), and the exact one is a single choice.
 """
+TARGET_NAMES: tuple[str, ...] = ("hold", "minus_one", "plus_one", "need", "need_plus_one", "carry", "carry_plus_one",
+                                 "double", "quadruple", "max", "halve")
+"""Meaning of each per-stage index of the ``target`` head."""
+NEED_SLACK = 0.25
+"""The ``target`` head rounds an anchor up once it is this far above a whole count (8.2 -> 8, 8.3 -> 9)."""
 DEFAULT_ACTION_HEAD = "absolute"
 ABSOLUTE_FIXED: tuple[str, ...] = ("hold", "minus_one", "plus_one")
 """The ``absolute`` head's first indices; index ``len(ABSOLUTE_FIXED) - 1 + k`` sets ``k`` threads."""
@@ -67,7 +80,22 @@ def action_nvec(head: str, max_threads: int) -> int:
         return int(max_threads) + len(ABSOLUTE_FIXED)
     if head == "step":
         return len(ACTION_NAMES)
+    if head == "target":
+        return len(TARGET_NAMES)
     raise ValueError(f"unknown action head {head!r}; use one of {ACTION_HEADS}")
+
+
+def need_from_encoding(enc: np.ndarray, max_threads: int) -> np.ndarray:
+    """(N,6): per stage, the threads its current flow needs at its reference per-thread rate,
+    ``n * utilization * efficiency``, then the threads it needs to carry the best delivered
+    (write-stage) rate so far, ``need * peak delivered / own throughput`` (capped at the thread
+    bound); from encodings (N, :data:`OBS_DIM`). The ``target`` head anchors on them; the simulator
+    and the live policy compute them from the same encoding."""
+    e = np.asarray(enc, dtype=np.float64).reshape(-1, OBS_DIM)
+    n = np.rint(e[:, 0:3] * max_threads)
+    need = n * e[:, 17:20] * e[:, 14:17]
+    carry = np.minimum(need * e[:, 22:23] / np.maximum(e[:, 3:6], 1e-6), float(max_threads))
+    return np.concatenate([need, carry], axis=1)
 
 OBS_NAMES: tuple[str, ...] = (
     "read/threads", "net/threads", "write/threads",
@@ -91,12 +119,14 @@ stage's reference rate (fewer: a chunk or two, too lumpy to trust)."""
 
 
 def actions_to_threads(actions: np.ndarray, current: np.ndarray, max_threads: int,
-                       head: str = DEFAULT_ACTION_HEAD, action_max: int | None = None) -> np.ndarray:
+                       head: str = DEFAULT_ACTION_HEAD, action_max: int | None = None,
+                       need: np.ndarray | None = None) -> np.ndarray:
     """Vectorised :func:`~automdt.simulator.env.action_to_threads`: (N,3) indices -> (N,3) counts.
 
     :param head: the action head (:data:`ACTION_HEADS`).
     :param action_max: the thread bound the ``absolute`` head's indices go up to (default
         ``max_threads``); the result is clipped to ``[1, max_threads]`` either way.
+    :param need: (N,6) the stages' anchors (:func:`need_from_encoding`), for the ``target`` head.
     """
     a = np.asarray(actions, dtype=np.int64)
     cur = np.asarray(current, dtype=np.int64)
@@ -106,6 +136,16 @@ def actions_to_threads(actions: np.ndarray, current: np.ndarray, max_threads: in
     if head == "absolute":
         fixed = len(ABSOLUTE_FIXED)
         new = np.where(a == 0, cur, np.where(a == 1, cur - 1, np.where(a == 2, cur + 1, a - (fixed - 1))))
+    elif head == "target":
+        if need is None:
+            raise ValueError("the target head needs the stages' needs (need_from_encoding)")
+        anchors = np.asarray(need, dtype=np.float64).reshape(cur.shape[:-1] + (6,))
+        nd = np.maximum(np.ceil(anchors[..., 0:3] - NEED_SLACK), 1.0)
+        cy = np.maximum(np.ceil(anchors[..., 3:6] - NEED_SLACK), 1.0)
+        m = max_threads if action_max is None else action_max
+        table = np.stack([cur, cur - 1, cur + 1, nd, nd + 1, cy, cy + 1, 2 * cur, 4 * cur,
+                          np.full(cur.shape, m), cur // 2], axis=-1)
+        new = np.take_along_axis(table, a[..., None], axis=-1)[..., 0].astype(np.int64)
     else:
         new = np.floor(cur * ACTION_MULT[a]).astype(np.int64) + ACTION_ADD[a]
     return np.clip(new, 1, max_threads)

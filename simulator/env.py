@@ -15,6 +15,7 @@ from gymnasium import spaces
 
 from automdt.simulator.dynamics import (
     ABSOLUTE_FIXED,
+    TARGET_NAMES,
     ACTION_HEADS,
     ACTION_NAMES,
     DEFAULT_ACTION_HEAD,
@@ -23,6 +24,7 @@ from automdt.simulator.dynamics import (
     SimCore,
     action_nvec,
     actions_to_threads,
+    need_from_encoding,
     utility_arrays,
 )
 from automdt.simulator.pipeline import ObservationEncoder  # noqa: F401  (re-exported: its old home)
@@ -33,6 +35,7 @@ ENV_ID = "automdt/BufferSim-v0"
 
 __all__ = [
     "ABSOLUTE_FIXED",
+    "TARGET_NAMES",
     "ACTION_HEADS",
     "ACTION_NAMES",
     "DEFAULT_ACTION_HEAD",
@@ -63,7 +66,8 @@ def make_action_space(head: str = DEFAULT_ACTION_HEAD, max_threads: int = 32) ->
 
 
 def action_to_threads(action: Sequence[int] | np.ndarray, current: Sequence[int], max_threads: int,
-                      head: str = DEFAULT_ACTION_HEAD, action_max: int | None = None) -> Triple:
+                      head: str = DEFAULT_ACTION_HEAD, action_max: int | None = None,
+                      need: Sequence[float] | np.ndarray | None = None) -> Triple:
     """Apply a per-stage action to the current thread counts.
 
     ``absolute`` head (the default): index 0 keeps the stage's count, 1 takes a thread off, 2 adds
@@ -92,7 +96,7 @@ def action_to_threads(action: Sequence[int] | np.ndarray, current: Sequence[int]
     :return: the next thread counts.
     """
     out = actions_to_threads(np.asarray(action).reshape(1, 3), np.asarray(current).reshape(1, 3), max_threads,
-                             head, action_max)[0]
+                             head, action_max, None if need is None else np.asarray(need).reshape(1, 6))[0]
     return (int(out[0]), int(out[1]), int(out[2]))
 
 
@@ -255,7 +259,7 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         assert not self._needs_reset, "Call reset before using step method."
         new = actions_to_threads(np.asarray(action).reshape(1, 3), self._core.threads, self.max_threads,
-                                 self.action_head)
+                                 self.action_head, need=need_from_encoding(self._core.obs, self.max_threads))
         return self._step(new)
 
     def step_threads(self, threads: Sequence[int]) -> tuple[np.ndarray, float, bool, bool, dict]:

@@ -16,7 +16,7 @@ from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space
 from gymnasium.vector.vector_env import AutoresetMode
 
-from automdt.simulator.dynamics import DEFAULT_ACTION_HEAD, SimCore, actions_to_threads
+from automdt.simulator.dynamics import DEFAULT_ACTION_HEAD, SimCore, actions_to_threads, need_from_encoding
 from automdt.simulator.env import make_action_space, make_observation_space
 from automdt.simulator.profile import Profile, capacity_array
 
@@ -177,7 +177,8 @@ class BatchedBufferSim(VectorEnv):
         """Apply (N,3) action indices (see :func:`~automdt.simulator.env.action_to_threads`)."""
         assert not self._needs_reset, "Call reset before using step method."
         threads = actions_to_threads(np.asarray(actions).reshape(self.num_envs, 3), self._core.threads,
-                                     self.max_threads, self.action_head)
+                                     self.max_threads, self.action_head,
+                                     need=need_from_encoding(self._core.obs, self.max_threads))
         return self._step(threads)
 
     def step_threads(self, threads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:

@@ -161,3 +161,32 @@ def test_bound_penalty_and_options():
     assert env.threads == (32, 1, 32)
     _, r, _, _, info = env.step(np.array([0, 0, 0]))  # hold
     assert r == pytest.approx(info["sim/utility"] - 1.0)
+
+
+def test_target_head_anchors_on_what_the_stages_measured():
+    from automdt.simulator.dynamics import OBS_DIM, OBS_NAMES, TARGET_NAMES, need_from_encoding
+
+    assert make_action_space("target").nvec.tolist() == [len(TARGET_NAMES)] * 3 == [11, 11, 11]
+    # 16 readers at half utilization (a full sender buffer), reading 160 while 80 is delivered;
+    # 5 connections at a link two of them fill (efficiency 0.4); 2 busy writers
+    enc = np.zeros(OBS_DIM, dtype=np.float32)
+    col = OBS_NAMES.index
+    for i, st in enumerate(("read", "net", "write")):
+        enc[col(f"{st}/threads")] = (16, 5, 2)[i] / 32
+        enc[col(f"{st}/utilization")] = (0.5, 1.0, 1.0)[i]
+        enc[col(f"{st}/thread_efficiency")] = (1.0, 0.4, 1.0)[i]
+        enc[col(f"{st}/throughput")] = (1.0, 0.5, 0.5)[i]
+    enc[col("write/peak_throughput")] = 0.5
+    need = need_from_encoding(enc, 32)[0]
+    assert need.tolist() == pytest.approx([8.0, 2.0, 2.0, 4.0, 2.0, 2.0])  # need, then carry the 80 delivered
+    idx = {name: i for i, name in enumerate(TARGET_NAMES)}
+    cur = (16, 5, 2)
+    assert action_to_threads([idx["need"]] * 3, cur, 32, "target", need=need) == (8, 2, 2)
+    assert action_to_threads([idx["carry"], idx["hold"], idx["need_plus_one"]], cur, 32, "target", need=need) == (4, 5, 3)
+    assert action_to_threads([idx["double"], idx["quadruple"], idx["max"]], cur, 32, "target", need=need) == (32, 20, 32)
+    assert action_to_threads([idx["halve"], idx["minus_one"], idx["plus_one"]], cur, 32, "target", need=need) == (8, 4, 3)
+    # anchors round up only a quarter thread above a whole count
+    near = np.array([8.2, 8.3, 0.2, 8.2, 8.3, 0.2])
+    assert action_to_threads([idx["need"]] * 3, cur, 32, "target", need=near) == (8, 9, 1)
+    with pytest.raises(ValueError, match="needs"):
+        action_to_threads([3, 3, 3], cur, 32, "target")
