@@ -52,9 +52,9 @@ ACTION_HEADS: tuple[str, ...] = ("absolute", "step", "target")
 * ``"target"``: ``MultiDiscrete([11] * 3)``, :data:`TARGET_NAMES`: the next count of a stage as a
   target anchored on what was measured: hold, -1, +1; the threads the stage's current flow needs
   (:func:`need_from_encoding`: ``n * utilization * efficiency``, rounded up) and that plus one;
-  the threads it needs to *carry* the best delivered rate so far (``need * peak delivered / own
-  throughput``: a reader filling the sender buffer at twice the link's rate carries it with half
-  its threads, a reader left behind by a draining buffer needs more) and that plus one; double or
+  the threads it needs to *carry* its neighbour's flow (``need * neighbour's throughput / own``:
+  readers filling the sender buffer at twice the network's rate carry it with half their threads,
+  readers left behind by a draining buffer need more) and that plus one; double or
   four times the count, the thread bound, half the count. Any count in one step (the anchors are
   whatever the stages measured), and the exact one is a single choice.
 """
@@ -87,14 +87,16 @@ def action_nvec(head: str, max_threads: int) -> int:
 
 def need_from_encoding(enc: np.ndarray, max_threads: int) -> np.ndarray:
     """(N,6): per stage, the threads its current flow needs at its reference per-thread rate,
-    ``n * utilization * efficiency``, then the threads it needs to carry the best delivered
-    (write-stage) rate so far, ``need * peak delivered / own throughput`` (capped at the thread
-    bound); from encodings (N, :data:`OBS_DIM`). The ``target`` head anchors on them; the simulator
-    and the live policy compute them from the same encoding."""
+    ``n * utilization * efficiency``, then the threads it needs to carry its neighbour's flow,
+    ``need * neighbour's throughput / own throughput`` (capped at the thread bound): readers and
+    writers carry what the network moves, the network carries what the writers move. From
+    encodings (N, :data:`OBS_DIM`). The ``target`` head anchors on them; the simulator and the
+    live policy compute them from the same encoding."""
     e = np.asarray(enc, dtype=np.float64).reshape(-1, OBS_DIM)
     n = np.rint(e[:, 0:3] * max_threads)
     need = n * e[:, 17:20] * e[:, 14:17]
-    carry = np.minimum(need * e[:, 22:23] / np.maximum(e[:, 3:6], 1e-6), float(max_threads))
+    neighbour = e[:, [4, 5, 4]]  # net, write, net throughputs (over the same reference)
+    carry = np.minimum(need * neighbour / np.maximum(e[:, 3:6], 1e-6), float(max_threads))
     return np.concatenate([need, carry], axis=1)
 
 OBS_NAMES: tuple[str, ...] = (
@@ -113,6 +115,9 @@ OBS_NAMES: tuple[str, ...] = (
 OBS_DIM = len(OBS_NAMES)
 
 _TINY_BPS = 1.0  # floor of the throughput reference (bytes/s): avoids 0/0 before anything moved
+BUSY_DROP = 0.95
+"""An interval whose busy thread-seconds fell below this share of the previous interval's does
+not raise a stage's reference rate (see :class:`EncodingState`)."""
 MIN_RATE_BUSY_S = 0.25
 """Busy thread-seconds an interval needs before its per-thread rate ``bytes / busy`` may raise a
 stage's reference rate (fewer: a chunk or two, too lumpy to trust)."""
@@ -163,10 +168,13 @@ class EncodingState:
     the largest throughput so far), and the previous interval's threads, throughputs and fills.
 
     ``best_rate`` learns only from intervals that can be trusted to show a stage's per-thread
-    speed: at least :data:`MIN_RATE_BUSY_S` busy thread-seconds, and not the interval right after
-    the stage's thread count was lowered (the threads above the new count finish the chunk they
-    hold and their bytes land in that interval: on the engine, 16 -> 8 readers showed 35% more
-    bytes per thread than a reader moves).
+    speed: at least :data:`MIN_RATE_BUSY_S` busy thread-seconds, no fewer threads than the
+    interval before and no fewer busy thread-seconds than :data:`BUSY_DROP` of the interval
+    before. A chunk's bytes count when it is done but its busy time as it passes, so whenever
+    fewer threads keep working (the count was lowered, or a full buffer stopped them), chunks
+    started in the previous interval complete in this one without their earlier busy time: on the
+    engine, 16 -> 8 readers showed 35% more bytes per thread than a reader moves, and a sender
+    buffer filling up under 32 readers showed 50% more bytes per busy reader-second.
     """
 
     def __init__(self, num_envs: int = 1) -> None:
@@ -178,6 +186,7 @@ class EncodingState:
         self.prev_threads = np.ones((n, 3), dtype=np.int64)
         self.prev_tput = np.zeros((n, 3))
         self.prev_fill = np.zeros((n, 2))
+        self.prev_busy = np.zeros((n, 3))
         self.seen = np.zeros(n, dtype=bool)
 
     def reset(self, rows: Any = None) -> None:
@@ -189,6 +198,7 @@ class EncodingState:
         self.prev_threads[sel] = 1
         self.prev_tput[sel] = 0.0
         self.prev_fill[sel] = 0.0
+        self.prev_busy[sel] = 0.0
         self.seen[sel] = False
 
     def encode(self, threads: np.ndarray, tput: np.ndarray, fill: np.ndarray, busy: np.ndarray | None,
@@ -215,13 +225,14 @@ class EncodingState:
         prev_fill = np.where(seen, self.prev_fill[sel], fill)
         ref = np.maximum(np.maximum(self.ref[sel], tput[:, 0]), np.maximum(tput[:, 1], tput[:, 2]))
         rate = tput * dt / np.maximum(busy, 1e-9)
-        trusted = (busy >= MIN_RATE_BUSY_S) & (threads >= prev_threads)
+        trusted = (busy >= MIN_RATE_BUSY_S) & (threads >= prev_threads) & (busy >= BUSY_DROP * self.prev_busy[sel])
         best_rate = np.where(trusted, np.maximum(self.best_rate[sel], rate), self.best_rate[sel])
         peak = np.maximum(self.peak[sel], tput)
         out = encode_arrays(threads, tput, fill, prev_threads, prev_tput, ref, max_threads, best_rate, clip,
                             rate=rate, busy=busy, wait=wait, peak_bps=peak, prev_fill=prev_fill)
         self.ref[sel], self.best_rate[sel], self.peak[sel] = ref, best_rate, peak
         self.prev_threads[sel], self.prev_tput[sel], self.prev_fill[sel] = threads, tput, fill
+        self.prev_busy[sel] = busy
         self.seen[sel] = True
         return out
 

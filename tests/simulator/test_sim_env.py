@@ -176,9 +176,10 @@ def test_target_head_anchors_on_what_the_stages_measured():
         enc[col(f"{st}/utilization")] = (0.5, 1.0, 1.0)[i]
         enc[col(f"{st}/thread_efficiency")] = (1.0, 0.4, 1.0)[i]
         enc[col(f"{st}/throughput")] = (1.0, 0.5, 0.5)[i]
-    enc[col("write/peak_throughput")] = 0.5
     need = need_from_encoding(enc, 32)[0]
-    assert need.tolist() == pytest.approx([8.0, 2.0, 2.0, 4.0, 2.0, 2.0])  # need, then carry the 80 delivered
+    # need, then carry: readers carry the network's 80 (4 of them), the network the writers' 80,
+    # the writers the network's 80
+    assert need.tolist() == pytest.approx([8.0, 2.0, 2.0, 4.0, 2.0, 2.0])
     idx = {name: i for i, name in enumerate(TARGET_NAMES)}
     cur = (16, 5, 2)
     assert action_to_threads([idx["need"]] * 3, cur, 32, "target", need=need) == (8, 2, 2)
