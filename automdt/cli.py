@@ -88,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--verify", action="store_true",
                    help="afterwards compare every file's content digest on both ends (exit 11 on a difference)")
     t.add_argument("--bwlimit", metavar="RATE", help="cap the network stage at RATE bytes/s (same as --throttle net.total=RATE)")
+    t.add_argument("--shard", metavar="I/N",
+                   help="move only shard I of N (0..N-1) of SRC: a deterministic, size-balanced part, the same "
+                        "on every node; each shard is its own job (lock, history, resume)")
+    t.add_argument("--metrics-file", metavar="FILE.prom",
+                   help="write the run's figures for node_exporter's textfile collector to FILE (atomically)")
+    t.add_argument("--metrics-job", metavar="NAME", default=None,
+                   help="job_name label of the --metrics-file series (default: the last component of SRC)")
 
     v = sub.add_parser("verify", help="compare a source tree with a destination by content digest",
                        description="Compare the content digest (XXH3-128 over the per-chunk XXH3-64 digests) of "
@@ -115,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--idle-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="close a session silent this long (default 60)")
     r.add_argument("--log-file", metavar="F", help="append log messages to F (reopened if logrotate moves it)")
+    r.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics (port 0: any free port)")
+    r.add_argument("--max-sessions", type=int, default=16, metavar="N",
+                   help="senders served at once; more get 'busy' and retry (default 16)")
 
     d = sub.add_parser("demo", help="create a sample dataset and transfer it locally",
                        description="Create a sample dataset (a few large files and many small ones) and copy it "
@@ -191,7 +202,10 @@ def cmd_transfer(args) -> int:
     from automdt.sender import TransferOptions, run_transfer
     from automdt.units import parse_size, parse_throttle
 
+    from automdt.manifest import parse_shard
+
     try:
+        shard = args.shard_parsed = parse_shard(args.shard) if args.shard is not None else None
         if args.bwlimit:
             args.throttle = ",".join(x for x in (args.throttle, f"net.total={args.bwlimit}") if x)
         policy, threads = _resolve_policy(args, args.max_threads)
@@ -203,11 +217,45 @@ def cmd_transfer(args) -> int:
             max_duration_s=args.max_duration, fsync=args.fsync, chunk_retries=args.chunk_retries,
             timeout_s=args.timeout, sndbuf=parse_size(args.sndbuf, "sndbuf"), dry_run=args.dry_run,
             retries=max(0, args.retries), retry_sleep_s=max(0.0, args.retries_sleep),
-            verify=args.verify, encrypt=args.encrypt)
+            verify=args.verify, encrypt=args.encrypt, shard=shard)
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
     _check_options(opts)
-    return _locked(args, lambda: _run_with_display(args, lambda o: run_transfer(args.src, args.dest, o), opts))
+    if not args.metrics_file:
+        return _locked(args, lambda: _run_with_display(args, lambda o: run_transfer(args.src, args.dest, o), opts))
+    return _with_metrics_file(args, lambda: _locked(
+        args, lambda: _run_with_display(args, lambda o: _keep(args, run_transfer(args.src, args.dest, o)), opts)))
+
+
+def _keep(args, summary):
+    args.final_summary = summary
+    return summary
+
+
+def _with_metrics_file(args, run) -> int:
+    """Run, then write ``--metrics-file`` whatever the outcome (a failed cron run is news too)."""
+    import time
+
+    from automdt.metrics import check_textfile_path, write_transfer_textfile
+
+    check_textfile_path(args.metrics_file)
+    t0 = time.monotonic()
+    labels = {"job_name": args.metrics_job or os.path.basename(os.path.normpath(os.path.abspath(args.src))),
+              "shard": args.shard or "", "dest": args.dest}
+    code = errors.ERROR
+    try:
+        code = run()
+        return code
+    except AutomdtError as e:
+        code = e.code
+        raise
+    except KeyboardInterrupt:
+        code = 130
+        raise
+    finally:
+        s = getattr(args, "final_summary", None)
+        write_transfer_textfile(args.metrics_file, s.as_dict() if s is not None else None, code, labels,
+                                seconds=time.monotonic() - t0)
 
 
 def _locked(args, run):
@@ -215,7 +263,8 @@ def _locked(args, run):
         return run()
     from automdt.lock import JobLock, default_lock_path
 
-    with JobLock(args.lock_file or default_lock_path(args.src, args.dest), args.lock_wait):
+    shard = getattr(args, "shard_parsed", None)
+    with JobLock(args.lock_file or default_lock_path(args.src, args.dest, shard), args.lock_wait):
         return run()
 
 
@@ -297,16 +346,37 @@ def cmd_receive(args) -> int:
     try:
         host, port = parse_hostport(args.listen)
         max_memory = parse_size(args.max_memory, "memory")
+        metrics_at = parse_hostport(args.metrics) if args.metrics else None
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
+    if args.max_sessions < 1:
+        raise AutomdtError("--max-sessions must be at least 1", errors.USAGE)
     secret = read_secret(args.secret_file) if args.secret_file else None
-    server = ReceiverServer(args.root, host, port, secret=secret, max_threads=args.max_threads,
-                            max_memory=max_memory, idle_timeout_s=args.idle_timeout, encrypt=args.encrypt)
+    metrics = None
+    if metrics_at is not None:
+        from automdt.metrics import ReceiverMetrics
+
+        metrics = ReceiverMetrics()
+        metrics_port = metrics.serve(*metrics_at)
+    try:
+        server = ReceiverServer(args.root, host, port, secret=secret, max_threads=args.max_threads,
+                                max_memory=max_memory, idle_timeout_s=args.idle_timeout, encrypt=args.encrypt,
+                                max_sessions=args.max_sessions, metrics=metrics)
+    except AutomdtError:
+        if metrics is not None:
+            metrics.close()
+        raise
     stop = threading.Event()
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda *_: stop.set())
+    if metrics is not None:
+        print(f"automdt: metrics on http://{metrics_at[0]}:{metrics_port}/metrics", file=sys.stderr, flush=True)
     print(f"automdt: receiving into {os.path.abspath(args.root)} on {host}:{server.port}", file=sys.stderr, flush=True)
-    server.serve_forever(stop)
+    try:
+        server.serve_forever(stop)
+    finally:
+        if metrics is not None:
+            metrics.close()
     return 0
 
 
