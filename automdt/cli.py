@@ -160,6 +160,17 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--max-seconds", type=float, default=None, help="wall-time budget")
     tr.add_argument("--k", type=float, default=1.02, help="utility base per thread (default 1.02)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.add_argument("--tensorboard", metavar="DIR",
+                    help="write SB3's TensorBoard logs and the evaluations' fraction of the oracle to DIR/PPO_<n>")
+
+    tu = sub.add_parser("tune", help="Optuna study over PPO and reward settings in the simulator (shared storage)",
+                        description="Run trials of an Optuna study: each trains PPO in the simulator with sampled "
+                                    "hyperparameters and reward settings and scores its fraction of the oracle. "
+                                    "Processes (or nodes) given the same --storage and --study-name share one "
+                                    "study. Same as `python -m automdt.experiments tune`.", epilog=EPILOG_EXIT)
+    from automdt.experiments.sweeps import add_tune_arguments
+
+    add_tune_arguments(tu)
 
     sm = sub.add_parser("simulate", help="evaluate a policy in the simulator against the oracle",
                         description="Run a policy (a trained zip, ppo for the shipped default, or a baseline: "
@@ -499,9 +510,14 @@ def cmd_train(args) -> int:
     out_dir = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(out_dir):
         raise AutomdtError(f"{out_dir}: output directory does not exist", errors.USAGE)
+    if args.tensorboard:
+        try:
+            os.makedirs(args.tensorboard, exist_ok=True)
+        except OSError as e:
+            raise AutomdtError(f"--tensorboard {args.tensorboard}: {e.strerror}", errors.USAGE) from None
     rep = train(profile, args.output, timesteps=args.timesteps, seed=args.seed, k=args.k,
                 random_profiles=profile is None, progress=not args.no_progress and sys.stderr.isatty(),
-                target_fraction=args.target, max_seconds=args.max_seconds)
+                target_fraction=args.target, max_seconds=args.max_seconds, tensorboard_log=args.tensorboard)
     print(f"policy written to {rep.model_path} ({rep.timesteps} steps in {rep.wall_s:.0f} s); "
           f"{rep.fraction_of_oracle:.1%} of the oracle's utility; curve {rep.curve_png}")
     return 0
@@ -531,6 +547,13 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from automdt.experiments.sweeps import print_tune, tune
+
+    print_tune(tune(args), args.json)
+    return 0
+
+
 def cmd_exit_codes(args) -> int:
     for code, meaning in sorted(errors.EXIT_CODES.items()):
         print(f"{code:>4}  {meaning}")
@@ -538,7 +561,7 @@ def cmd_exit_codes(args) -> int:
 
 
 COMMANDS = {"transfer": cmd_transfer, "verify": cmd_verify, "receive": cmd_receive, "demo": cmd_demo, "explore": cmd_explore,
-            "train": cmd_train, "simulate": cmd_simulate, "exit-codes": cmd_exit_codes}
+            "train": cmd_train, "simulate": cmd_simulate, "tune": cmd_tune, "exit-codes": cmd_exit_codes}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
