@@ -19,8 +19,9 @@ Printed (and written with ``--json FILE``):
   per-session staging caps (sessions x min(--memory, --max-memory)) plus a fixed allowance per
   session for its threads' stacks, sockets and bookkeeping (``--overhead-mib``, default 4);
 * Jain's fairness index J = (sum x)^2 / (n sum x^2) of the senders' throughputs, over whole runs
-  (bytes / own seconds) and over the window in which all of them were transferring (from each
-  sender's ``--log`` intervals); 1 is perfectly even, 1/n is one sender taking everything;
+  (bytes / own seconds; start-up order skews it: an early sender has the link to itself) and
+  second by second over the senders active in each second (from each sender's ``--log``
+  intervals); 1 is perfectly even, 1/n is one sender taking everything;
 * aggregate throughput, the daemon's /metrics after the run (sessions, files, bytes), and
   whether it still serves a fresh transfer afterwards.
 Exit status: 0 if every sender exited 0, every tree matched, memory stayed within the caps and
@@ -265,7 +266,7 @@ def main(argv=None) -> int:
         "per_sender_MBps": {"min": round(min(tput) / 1e6, 2), "median": round(statistics.median(tput) / 1e6, 2),
                             "max": round(max(tput) / 1e6, 2)},
         "jain_whole_runs": round(jain(tput), 4),
-        "common_window_s": round(max(0.0, window[1] - window[0]), 2),
+        "logged_span_s": round(max(0.0, window[1] - window[0]), 2),
         "receiver_rss_idle_MiB": round(idle / MiB, 1), "receiver_rss_peak_MiB": round(peak / MiB, 1),
         "receiver_rss_growth_MiB": round((peak - idle) / MiB, 1),
         "memory_cap_MiB": round(n * (cap + a.overhead_mib * MiB) / MiB, 1),
@@ -274,7 +275,7 @@ def main(argv=None) -> int:
                                                       "automdt_rejected_connections_total")},
     })
     res["within_memory_cap"] = peak - idle <= n * (cap + a.overhead_mib * MiB)
-    res["jain_common_window"] = window_jain
+    res["jain_common_window"] = window_jain  # per-second index (see _window_jain)
     ok = res["all_exit_0"] and res["trees_identical"] == n and res["within_memory_cap"] and res["still_serving"]
     res["ok"] = bool(ok)
     _print(res)
@@ -285,17 +286,20 @@ def main(argv=None) -> int:
 
 
 def _window_jain(work, sums, ends):
-    """Jain's index of the bytes each sender moved while all of them were transferring.
+    """Jain's index of the senders' shares of the link second by second.
 
     Each sender's ``--log`` has one record per interval with ``t`` (seconds since its controller
-    started) and the network stage's bytes; its start in wall time is taken as its exit time minus
-    the summary's ``seconds`` (the handshake before the first interval is a fraction of a second).
-    Returns (index or None when the senders never overlapped, (window start, window end)).
+    started) and the network stage's bytes; its start in wall time is its exit time minus the
+    summary's ``seconds`` (the handshake before the first interval is a fraction of a second).
+    Time is cut into 1-s bins; in each bin, the senders between their first and last interval
+    are the active ones, and Jain's index is taken over the bytes each of them moved in that bin.
+    Returns ({"mean": index averaged over bins with at least 2 active senders, weighted by how many
+    were active, "bins": how many such bins, "max_active": most senders active in one bin,
+    "mean_at_max": mean over the bins where at least 3/4 of max_active were active}, (first, last)).
     """
-    recs, starts = [], []
+    recs = []
     for i, (s, end) in enumerate(zip(sums, ends)):
         start = end - float(s.get("seconds") or 0.0)
-        starts.append(start)
         rows = []
         try:
             with open(os.path.join(work, f"s{i:02d}.log")) as f:
@@ -304,17 +308,25 @@ def _window_jain(work, sums, ends):
                     rows.append((start + float(r["t"]), float((r.get("bytes") or {}).get("net", 0))))
         except (OSError, ValueError, KeyError):
             pass
-        recs.append(rows)
-    # the window: from the last first-interval to the first last-interval (all logging)
-    firsts = [rows[0][0] for rows in recs if rows]
-    lasts = [rows[-1][0] for rows in recs if rows]
-    if len(firsts) < len(recs) or not firsts:
+        if rows:
+            recs.append(rows)
+    if not recs:
         return None, (0.0, 0.0)
-    w0, w1 = max(firsts), min(lasts)
-    if w1 - w0 < 2.0:
-        return None, (w0, max(w0, w1))
-    moved = [sum(b for t, b in rows if w0 < t <= w1) for rows in recs]
-    return round(jain(moved), 4), (w0, w1)
+    t0 = min(rows[0][0] for rows in recs)
+    t1 = max(rows[-1][0] for rows in recs)
+    nb = int(t1 - t0) + 1
+    per_bin = []
+    for b in range(nb):
+        lo, hi = t0 + b, t0 + b + 1
+        active = [rows for rows in recs if rows[0][0] < hi and rows[-1][0] >= lo]
+        if len(active) >= 2:
+            per_bin.append((len(active), jain([sum(x for t, x in rows if lo <= t < hi) for rows in active])))
+    if not per_bin:
+        return None, (t0, t1)
+    mx = max(n for n, _ in per_bin)
+    top = [j for n, j in per_bin if n >= 0.75 * mx]
+    return ({"mean": round(sum(n * j for n, j in per_bin) / sum(n for n, _ in per_bin), 4), "bins": len(per_bin),
+             "max_active": mx, "mean_at_max": round(sum(top) / len(top), 4)}, (t0, t1))
 
 
 def _print(r):
@@ -331,8 +343,10 @@ def _print(r):
     pm = r["per_sender_MBps"]
     print(f"  throughput: aggregate {r['aggregate_MBps']} MB/s; per sender min {pm['min']} / median {pm['median']} / "
           f"max {pm['max']} MB/s")
-    print(f"  Jain's fairness index: whole runs {r['jain_whole_runs']}; while all were active "
-          f"({r['common_window_s']} s): {r['jain_common_window']}")
+    jw = r["jain_common_window"] or {}
+    print(f"  Jain's fairness index: whole runs (bytes / own seconds) {r['jain_whole_runs']}; second by second over "
+          f"the senders active then: mean {jw.get('mean')} over {jw.get('bins')} s, {jw.get('mean_at_max')} while "
+          f">= 3/4 of the peak {jw.get('max_active')} were active")
     print(f"  daemon after the run: {r['metrics_after']}; still serving a new transfer: {r['still_serving']}")
     print(f"  ok: {r['ok']}")
 
