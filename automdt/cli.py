@@ -29,7 +29,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-size", metavar="BYTES", default="4Mi", help="chunk size (default 4Mi)")
     p.add_argument("--throttle", metavar="SPEC", default="",
                    help="emulated bottlenecks: comma list of read.thread=, net.thread=, write.thread=, "
-                        "read.total=, net.total=, write.total= in bytes/s with K/M/G (powers of 1000)")
+                        "read.total=, net.total=, write.total= in bytes/s with K/M/G (powers of 1000); "
+                        "@FILE: a schedule, a YAML list of {at: SECONDS, throttle: SPEC} entries applied "
+                        "at their times (an empty SPEC lifts every limit)")
     p.add_argument("--secret-file", metavar="F", help="shared secret; both ends must prove it")
     p.add_argument("--encrypt", action="store_true",
                    help="encrypt the control channel (ZeroMQ CURVE) and the data connections (TLS 1.3); "
@@ -211,18 +213,22 @@ def _resolve_policy(args, max_threads: int):
 def cmd_transfer(args) -> int:
     from automdt.protocol import read_secret
     from automdt.sender import TransferOptions, run_transfer
-    from automdt.units import parse_size, parse_throttle
+    from automdt.units import parse_size
 
     from automdt.manifest import parse_shard
 
     try:
         shard = args.shard_parsed = parse_shard(args.shard) if args.shard is not None else None
         if args.bwlimit:
+            if args.throttle.strip().startswith("@"):
+                raise ValueError("--bwlimit cannot be combined with a throttle schedule (--throttle @FILE): "
+                                 "put net.total= into the schedule's entries")
             args.throttle = ",".join(x for x in (args.throttle, f"net.total={args.bwlimit}") if x)
         policy, threads = _resolve_policy(args, args.max_threads)
+        throttle, schedule = _throttle_option(args)
         opts = TransferOptions(
             policy=policy, threads=threads, memory=parse_size(args.memory, "memory"),
-            chunk_size=parse_size(args.chunk_size, "chunk size"), throttle=parse_throttle(args.throttle),
+            chunk_size=parse_size(args.chunk_size, "chunk size"), throttle=throttle, throttle_schedule=schedule,
             secret=read_secret(args.secret_file) if args.secret_file else None, checksum=args.checksum,
             interval_s=args.interval, max_threads=args.max_threads, log_path=args.log,
             max_duration_s=args.max_duration, fsync=args.fsync, chunk_retries=args.chunk_retries,
@@ -267,6 +273,13 @@ def _with_metrics_file(args, run) -> int:
         s = getattr(args, "final_summary", None)
         write_transfer_textfile(args.metrics_file, s.as_dict() if s is not None else None, code, labels,
                                 seconds=time.monotonic() - t0)
+
+
+def _throttle_option(args):
+    """``--throttle SPEC`` or ``--throttle @FILE`` (a schedule): ``(limits, schedule or None)``."""
+    from automdt.throttle import parse_throttle_option
+
+    return parse_throttle_option(args.throttle)
 
 
 def _locked(args, run):
@@ -475,12 +488,13 @@ def cmd_explore(args) -> int:
     from automdt.explore import explore
     from automdt.protocol import read_secret
     from automdt.sender import TransferOptions
-    from automdt.units import format_bytes, parse_size, parse_throttle
+    from automdt.units import format_bytes, parse_size
 
     try:
+        throttle, schedule = _throttle_option(args)
         opts = TransferOptions(
             memory=parse_size(args.memory, "memory"), chunk_size=parse_size(args.chunk_size, "chunk size"),
-            throttle=parse_throttle(args.throttle), secret=read_secret(args.secret_file) if args.secret_file else None,
+            throttle=throttle, throttle_schedule=schedule, secret=read_secret(args.secret_file) if args.secret_file else None,
             interval_s=args.interval, max_threads=args.max_threads, log_path=args.log,
             sndbuf=parse_size(args.sndbuf, "sndbuf"), encrypt=args.encrypt)
     except ValueError as e:
