@@ -35,10 +35,21 @@ SEARCH_SPACE_VERSION = 1
 """Recorded in the study; bump when :func:`suggest_config` changes what it samples."""
 
 
+def _need(module: str) -> Any:
+    """Import an optional dependency of the ``sweeps`` extra, or exit 2 saying how to get it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise AutomdtError(f"this needs {module.split('.')[0]} (pip install 'automdt[sweeps]'; `make setup` "
+                           f"installs it)", errors.USAGE) from None
+
+
 # ----------------------------------------------------------------------------------- storage
 def open_storage(url: str) -> Any:
     """An Optuna storage for ``url`` (see the module docstring); AutomdtError(2) if it cannot be used."""
-    import optuna
+    optuna = _need("optuna")
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     if not url or not url.strip():
@@ -140,7 +151,7 @@ def tune(args: argparse.Namespace) -> Dict[str, Any]:
     import shutil
     import tempfile
 
-    import optuna
+    optuna = _need("optuna")
 
     if args.trials < 1 or args.timesteps < 1:
         raise AutomdtError("--trials and --timesteps must be at least 1", errors.USAGE)
@@ -260,7 +271,7 @@ def grid(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int]
     import csv
     import shutil
 
-    import submitit
+    submitit = _need("submitit")
 
     from automdt.experiments.scenarios import SCENARIOS
 
