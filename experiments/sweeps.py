@@ -12,7 +12,7 @@ file system. Any number of processes or nodes started with the same ``--storage`
 median pruner stops hopeless ones early.
 
 ``python -m automdt.experiments grid`` runs every (scenario, policy, seed) cell in the simulator
-as a submitit job: its local executor (separate processes) here, Slurm where ``sbatch`` exists
+as a submitit job: its local executor (separate processes) here, Slurm where a controller answers ``sinfo``
 (``--executor auto``), so a grid runs side by side instead of one cell after another. Results:
 ``grid.csv``, ``results.md`` and ``config.json`` in the run directory.
 
