@@ -22,8 +22,11 @@ def test_train_default_policy_script(tmp_path, capsys):
     meta = json.loads(Path(str(out) + ".json").read_text())
     assert meta["random_profiles"] is True
     assert sorted(meta["held_out"]["results"]) == ["net-bound", "read-bound", "write-bound"]
+    assert meta["action_head"] == "target" and meta["hyperparameters"]["chunk_range"] == [0.005, 0.6]
+    beh = meta["behaviour"]["results"]
+    assert "issue-read-bound" in beh and beh["issue-read-bound"]["runs"] == 4  # two with a full sender buffer
     text = capsys.readouterr().out
-    assert "held-out path" in text and "write-bound" in text
+    assert "held-out path" in text and "write-bound" in text and "sustained" in text
 
 
 def test_bench_train_runs(capsys):
