@@ -193,5 +193,7 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
                 f.write(json.dumps(s) + "\n")
     buffers = (opts.memory, opts.memory)
     profile = fit_profile(samples, interval_s=opts.interval_s, buffers=buffers, max_threads=opts.max_threads)
+    # the chunk size the path was explored with: the simulator shows its chunk effects (training)
+    profile = profile.replace(meta=dict(profile.meta, chunk_bytes=int(opts.chunk_size)))
     return {"profile": profile, "samples": samples, "rounds": rounds,
             "seconds": time.monotonic() - t0, "summaries": summaries}

@@ -46,6 +46,7 @@ def test_fit_recovers_throttled_rates_within_15_percent(make_tree, tmp_path):
     assert errs["read"][1] >= -0.15 and errs["net"][1] >= -0.15, f"relative errors (tpt, bandwidth): {errs}"
     assert prof.bottleneck == "write"
     assert len(res["samples"]) >= 25
+    assert again.meta["chunk_bytes"] == 1 << 20  # the simulator trains with the path's chunk effects
 
 
 def test_explorer_probes_at_low_counts_and_ascends():
