@@ -516,7 +516,7 @@ class PPOPolicy:
         return f"<PPOPolicy{where} deterministic={self.deterministic}>"
 
 
-def _simulator_spaces(frame_stack: int = 1, features: Sequence[str] = (), action_head: str = "absolute",
+def _simulator_spaces(frame_stack: int = 1, features: Sequence[str] = (), action_head: str = "target",
                       max_threads: int = 32) -> Any:
     """The gymnasium spaces of the network (imports gymnasium; see :mod:`automdt.agents.ppo_sb3`)."""
     from automdt.agents.ppo_sb3 import simulator_spaces

@@ -61,7 +61,7 @@ def space_to_json(space: spaces.Space) -> Dict[str, Any]:
     raise TypeError(f"unsupported space {space!r}")
 
 
-def simulator_spaces(frame_stack: int = 1, features: Sequence[str] = (), action_head: str = "absolute",
+def simulator_spaces(frame_stack: int = 1, features: Sequence[str] = (), action_head: str = "target",
                      max_threads: int = 32) -> "tuple[spaces.Space, spaces.Space]":
     """Observation and action spaces of the network (they do not depend on the profile; the
     ``absolute`` action head depends on the thread bound).

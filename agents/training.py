@@ -123,10 +123,11 @@ class PPOConfig:
     More history lets a policy probe (step, look, step back) without a recurrent network."""
     features: Tuple[str, ...] = ()
     """Derived inputs added to each encoding (:data:`automdt.simulator.pipeline.FEATURES`)."""
-    action_head: str = "absolute"
-    """The action head (:data:`automdt.simulator.dynamics.ACTION_HEADS`): ``"absolute"`` sets each
-    stage to any count in one step (index 0 holds), ``"step"`` is the first head (halve, -1, hold,
-    +1, double)."""
+    action_head: str = "target"
+    """The action head (:data:`automdt.simulator.dynamics.ACTION_HEADS`): ``"target"`` sets each
+    stage to a count anchored on what the stages measured (any count in one step), ``"absolute"``
+    to a count 1..max_threads (or hold/+-1), ``"step"`` is the first head (halve, -1, hold, +1,
+    double)."""
     chunk_range: Optional[Tuple[float, float]] = None
     """Train with the engine's chunk effects (:func:`automdt.simulator.dynamics.measure_interval`):
     each episode's chunk is ``ratio * (slowest per-thread rate) * interval``, the ratio

@@ -42,14 +42,14 @@ _SQRT3 = math.sqrt(3.0)
 ACTION_HEADS: tuple[str, ...] = ("absolute", "step", "target")
 """The policy's action heads (one index per stage, see :func:`actions_to_threads`):
 
-* ``"absolute"`` (the default): ``MultiDiscrete([M + 3] * 3)`` for a thread bound ``M``: index 0
+* ``"absolute"``: ``MultiDiscrete([M + 3] * 3)`` for a thread bound ``M``: index 0
   keeps the stage's count, 1 and 2 take one thread off or add one, index ``2 + k`` sets it to
   ``k`` threads (:data:`ABSOLUTE_FIXED` names the first three). Any count in one step, as the
   AutoMDT slides' agent predicts the next thread counts, with an exact "hold" and a one-thread
   nudge for settling (exact counts are the hard part for a categorical over 32 values).
 * ``"step"``: ``MultiDiscrete([5, 5, 5])``, :data:`ACTION_NAMES` (halve, -1, hold, +1, double):
   the first head, kept for policies trained with it; 1 -> 32 threads takes five steps.
-* ``"target"``: ``MultiDiscrete([11] * 3)``, :data:`TARGET_NAMES`: the next count of a stage as a
+* ``"target"`` (the default): ``MultiDiscrete([11] * 3)``, :data:`TARGET_NAMES`: the next count of a stage as a
   target anchored on what was measured: hold, -1, +1; the threads the stage's current flow needs
   (:func:`need_from_encoding`: ``n * utilization * efficiency``, rounded up) and that plus one;
   the threads it needs to *carry* its neighbour's flow (``need * neighbour's throughput / own``:
@@ -63,7 +63,7 @@ TARGET_NAMES: tuple[str, ...] = ("hold", "minus_one", "plus_one", "need", "need_
 """Meaning of each per-stage index of the ``target`` head."""
 NEED_SLACK = 0.25
 """The ``target`` head rounds an anchor up once it is this far above a whole count (8.2 -> 8, 8.3 -> 9)."""
-DEFAULT_ACTION_HEAD = "absolute"
+DEFAULT_ACTION_HEAD = "target"
 ABSOLUTE_FIXED: tuple[str, ...] = ("hold", "minus_one", "plus_one")
 """The ``absolute`` head's first indices; index ``len(ABSOLUTE_FIXED) - 1 + k`` sets ``k`` threads."""
 

@@ -220,7 +220,7 @@ def test_spaces_mismatch(tmp_path, tiny_policy):
     meta = json.loads(tiny_policy.metadata_path.read_text())
     meta["action_space"]["nvec"] = [3, 3, 3]
     p.with_name(p.name + ".json").write_text(json.dumps(meta))
-    assert "trained for action_space MultiDiscrete[3, 3, 3], this simulator has MultiDiscrete[35, 35, 35]" in _load_error(p)
+    assert "trained for action_space MultiDiscrete[3, 3, 3], this simulator has MultiDiscrete[11, 11, 11]" in _load_error(p)
 
 
 def _with_policy_kwarg(tmp_path, tiny_policy, key, value):
@@ -327,6 +327,7 @@ def test_policy_sees_what_the_training_env_showed(tmp_path, frame_stack, feature
 
     from automdt.agents.ppo import PPOPolicy
     from automdt.agents.training import PolicyInputVecEnv
+    from automdt.simulator.dynamics import need_from_encoding
     from automdt.simulator.env import BufferSimEnv, action_to_threads
     from automdt.simulator.profile import Profile
     from tests.ppo.conftest import tiny_config, tiny_train
@@ -345,8 +346,9 @@ def test_policy_sees_what_the_training_env_showed(tmp_path, frame_stack, feature
     assert threads == obs.threads
     for _ in range(40):  # past the end of the 25-step episode: stateful inputs restart with it
         action, _ = pol.network.predict(x, deterministic=True)
-        expected = action_to_threads(action[0], obs.threads, 32)
         threads = pol.act(obs)
+        # the target head anchors on what the stages measured: the encoding the policy just made
+        expected = action_to_threads(action[0], obs.threads, 32, need=need_from_encoding(pol._last_encoding, 32))
         assert threads == expected
         x, _, done, infos = venv.step(action)
         assert infos[0]["observation"].threads == threads

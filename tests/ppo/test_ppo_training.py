@@ -34,9 +34,9 @@ def test_metadata_describes_the_run(tiny_policy):
     assert meta["format"] == "automdt-ppo/1"
     assert meta["env_id"] == "automdt/BufferSim-v0"
     assert meta["observation_space"]["type"] == "Box" and meta["observation_space"]["shape"] == [OBS_DIM]
-    # the absolute head: hold, -1, +1, then 1..max_threads (32) threads
-    assert meta["action_space"] == {"type": "MultiDiscrete", "nvec": [35, 35, 35], "start": [0, 0, 0]}
-    assert meta["action_head"] == "absolute" and meta["action_names"][:5] == ["hold", "minus_one", "plus_one", "1", "2"]
+    # the target head: hold, -1, +1, need, need+1, carry, carry+1, double, x4, max, halve
+    assert meta["action_space"] == {"type": "MultiDiscrete", "nvec": [11, 11, 11], "start": [0, 0, 0]}
+    assert meta["action_head"] == "target" and meta["action_names"][:4] == ["hold", "minus_one", "plus_one", "need"]
     assert meta["k"] == 1.02 and meta["max_threads"] == 32 and meta["seed"] == 0
     assert meta["timesteps"] == tiny_policy.timesteps
     assert meta["wall_s"] > 0

@@ -86,19 +86,20 @@ def test_step_head_mapping():
 
 def test_absolute_head_sets_any_count_in_one_step():
     m = 32
-    # the default head: 0 holds, 1 and 2 take one off / add one, 2 + k sets k threads
-    assert action_to_threads([34, 10, 4], (1, 1, 1), m) == (32, 8, 2)
-    assert action_to_threads([0, 0, 7], (7, 9, 1), m) == (7, 9, 5)
-    assert action_to_threads([1, 2, 0], (7, 9, 1), m) == (6, 10, 1)
-    assert action_to_threads([1, 2, 0], (1, 32, 1), m) == (1, 32, 1)  # clipped to [1, max]
-    assert action_to_threads([22, 0, 5], (1, 40, 1), 16, action_max=32) == (16, 16, 3)
-    assert make_action_space().nvec.tolist() == [35, 35, 35]
-    assert make_action_space("absolute", 8).nvec.tolist() == [11, 11, 11]
+    # 0 holds, 1 and 2 take one off / add one, 2 + k sets k threads
+    h = "absolute"
+    assert action_to_threads([34, 10, 4], (1, 1, 1), m, h) == (32, 8, 2)
+    assert action_to_threads([0, 0, 7], (7, 9, 1), m, h) == (7, 9, 5)
+    assert action_to_threads([1, 2, 0], (7, 9, 1), m, h) == (6, 10, 1)
+    assert action_to_threads([1, 2, 0], (1, 32, 1), m, h) == (1, 32, 1)  # clipped to [1, max]
+    assert action_to_threads([22, 0, 5], (1, 40, 1), 16, h, action_max=32) == (16, 16, 3)
+    assert make_action_space(h).nvec.tolist() == [35, 35, 35]
+    assert make_action_space(h, 8).nvec.tolist() == [11, 11, 11]
     with pytest.raises(ValueError, match="0..34"):
-        action_to_threads([35, 0, 0], (1, 1, 1), m)
+        action_to_threads([35, 0, 0], (1, 1, 1), m, h)
     with pytest.raises(ValueError, match="unknown action head"):
         action_to_threads([1, 1, 1], (1, 1, 1), m, "jump")
-    env = BufferSimEnv(random_start=False)
+    env = BufferSimEnv(random_start=False, action_head=h)
     env.reset(seed=0)
     env.step(np.array([18, 0, 6]))
     assert env.threads == (16, 1, 4)
@@ -166,7 +167,7 @@ def test_bound_penalty_and_options():
 def test_target_head_anchors_on_what_the_stages_measured():
     from automdt.simulator.dynamics import OBS_DIM, OBS_NAMES, TARGET_NAMES, need_from_encoding
 
-    assert make_action_space("target").nvec.tolist() == [len(TARGET_NAMES)] * 3 == [11, 11, 11]
+    assert make_action_space().nvec.tolist() == [len(TARGET_NAMES)] * 3 == [11, 11, 11]  # the default head
     # 16 readers at half utilization (a full sender buffer), reading 160 while 80 is delivered;
     # 5 connections at a link two of them fill (efficiency 0.4); 2 busy writers
     enc = np.zeros(OBS_DIM, dtype=np.float32)
