@@ -287,6 +287,7 @@ def train(
     n_eval_profiles: int = 12,
     init_from: Optional[Union[str, os.PathLike]] = None,
     select_from: float = 0.0,
+    cold_start: bool = True,
 ) -> TrainReport:
     """Train a PPO policy in the simulator and write it with its metadata and learning curve.
 
@@ -323,6 +324,9 @@ def train(
         e.g. 0.75 keeps the choice among the settled late networks: an early network can score
         well on the evaluation profiles while its high learning rate and entropy bonus still
         leave it wavering between two thread counts.
+    :param cold_start: with ``random_profiles``, choose the policy's cold start in the simulator
+        (:func:`automdt.agents.cold_start.choose_cold_start`, about 15 s) and record it as
+        the metadata's ``start``; a policy trained on one profile starts at its oracle triple.
     """
     import torch as th
     from stable_baselines3 import PPO
@@ -504,7 +508,12 @@ def train(
     reached = target_fraction is not None and state["best"] >= target_fraction
 
     obs_space, act_space = ppo_sb3.simulator_spaces(cfg.frame_stack, cfg.features)
-    start = _policy_start(profile, k, random_profiles)
+    if random_profiles and cold_start:
+        from automdt.agents.cold_start import choose_cold_start
+
+        start = choose_cold_start(ppo_mod.PPOPolicy(model.policy, deterministic=True, metadata=eval_meta))
+    else:
+        start = _policy_start(profile, k, random_profiles)
     meta: Dict[str, Any] = {
         "format": ppo_mod.POLICY_FORMAT,
         "algorithm": "PPO",

@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--verify", action="store_true",
                    help="afterwards compare every file's content digest on both ends (exit 11 on a difference)")
     t.add_argument("--bwlimit", metavar="RATE", help="cap the network stage at RATE bytes/s (same as --throttle net.total=RATE)")
+    t.add_argument("--no-history", action="store_true",
+                   help="neither start from nor record this job's history (where its last run settled; kept under "
+                        "$XDG_STATE_HOME/automdt/, default ~/.local/state/automdt/)")
 
     v = sub.add_parser("verify", help="compare a source tree with a destination by content digest",
                        description="Compare the content digest (XXH3-128 over the per-chunk XXH3-64 digests) of "
@@ -195,6 +198,7 @@ def cmd_transfer(args) -> int:
         if args.bwlimit:
             args.throttle = ",".join(x for x in (args.throttle, f"net.total={args.bwlimit}") if x)
         policy, threads = _resolve_policy(args, args.max_threads)
+        explicit = threads if policy is not None and args.threads else None
         opts = TransferOptions(
             policy=policy, threads=threads, memory=parse_size(args.memory, "memory"),
             chunk_size=parse_size(args.chunk_size, "chunk size"), throttle=parse_throttle(args.throttle),
@@ -203,11 +207,39 @@ def cmd_transfer(args) -> int:
             max_duration_s=args.max_duration, fsync=args.fsync, chunk_retries=args.chunk_retries,
             timeout_s=args.timeout, sndbuf=parse_size(args.sndbuf, "sndbuf"), dry_run=args.dry_run,
             retries=max(0, args.retries), retry_sleep_s=max(0.0, args.retries_sleep),
-            verify=args.verify, encrypt=args.encrypt)
+            verify=args.verify, encrypt=args.encrypt, start_threads=explicit)
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
     _check_options(opts)
-    return _locked(args, lambda: _run_with_display(args, lambda o: run_transfer(args.src, args.dest, o), opts))
+    return _locked(args, lambda: _run_with_display(args, _with_history(args, run_transfer), opts))
+
+
+def _with_history(args, run_transfer):
+    """The transfer, with the job's history (:mod:`automdt.history`) read before and written after
+    (unless ``--no-history`` or ``--dry-run``); an unusable history file is one warning line."""
+    if args.no_history or args.dry_run:
+        return lambda o: run_transfer(args.src, args.dest, o)
+
+    def run(opts):
+        from automdt import history
+        from automdt.lock import job_key
+
+        key = job_key(args.src, args.dest)
+        path = history.history_path(key)
+        rec, warning = history.load(path)
+        if warning:
+            log.warning("%s", warning)
+        if opts.policy is not None:
+            opts.history = rec
+        summary = run_transfer(args.src, args.dest, opts)
+        name = getattr(opts.policy, "name", None) or "static:%d,%d,%d" % tuple(opts.threads)
+        failed = history.update(path, summary.history, previous=rec, policy=name, max_threads=opts.max_threads,
+                                job=key, src=os.path.abspath(args.src), dest=args.dest)
+        if failed and not warning:  # one line per run: an unreadable file is usually unwritable too
+            log.warning("%s", failed)
+        return summary
+
+    return run
 
 
 def _locked(args, run):

@@ -13,11 +13,21 @@ from automdt import errors
 from automdt.errors import AutomdtError
 
 
-def default_lock_path(src: str, dest: str) -> str:
-    """``$XDG_RUNTIME_DIR/automdt/<sha256(src, dest)>.lock`` (falls back to the temp dir)."""
-    key = hashlib.sha256(f"{os.path.abspath(src)}\0{dest}".encode("utf-8", "surrogateescape")).hexdigest()[:32]
+def job_key(src: str, dest: str, *extra: str) -> str:
+    """The identity of a job: ``sha256(abspath(src), dest[, extra...])``, 32 hex digits.
+
+    The job lock and the job history (:mod:`automdt.history`) are keyed by it. ``extra`` parts
+    (e.g. a shard ``"3/8"``) make a different job of the same SRC and DEST; without them the key
+    is what it always was.
+    """
+    ident = "\0".join((os.path.abspath(src), dest, *extra))
+    return hashlib.sha256(ident.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def default_lock_path(src: str, dest: str, *extra: str) -> str:
+    """``$XDG_RUNTIME_DIR/automdt/<job_key(src, dest, ...)>.lock`` (falls back to the temp dir)."""
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return os.path.join(base, "automdt", f"{key}.lock")
+    return os.path.join(base, "automdt", f"{job_key(src, dest, *extra)}.lock")
 
 
 class JobLock:

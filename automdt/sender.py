@@ -89,6 +89,10 @@ class TransferOptions:
     """CURVE on the control channel and TLS 1.3 on the data connections (needs ``secret``)."""
     data_endpoint_hook: Optional[Callable[[str, int], Tuple[str, int]]] = None
     """Test hook: maps the receiver's announced data endpoint (e.g. to a fault-injecting proxy)."""
+    start_threads: Optional[Tuple[int, int, int]] = None
+    """``--threads`` given with a policy: the counts the policy starts from (:mod:`automdt.start`)."""
+    history: Any = None
+    """The job's :class:`automdt.history.JobRecord` (its last run), for the start; None: none or off."""
 
 
 @dataclass
@@ -121,11 +125,13 @@ class Summary:
     """With ``--dry-run``: the files that would be sent (first 1000)."""
     history: List[Dict[str, Any]] = field(default_factory=list, repr=False)
     """The controller's interval records (not part of the JSON summary)."""
+    start: Optional[Dict[str, Any]] = None
+    """Where the thread counts started and why (the interval log's ``start``; :mod:`automdt.start`)."""
 
     def as_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
         d.pop("history", None)
-        for k in ("dry_run_files", "verified", "differences"):
+        for k in ("dry_run_files", "verified", "differences", "start"):
             if d[k] is None:
                 d.pop(k)
         d["bytes_per_second"] = round(self.bytes / self.seconds, 1) if self.seconds > 0 else 0.0
@@ -290,6 +296,7 @@ class _Transfer:
         self.summary.seconds = time.monotonic() - self.t_start
         if getattr(self, "controller", None) is not None:
             self.summary.history = self.controller.history
+            self.summary.start = (self.controller.start_record or {}).get("start")
         self.summary.exit_code = errors.worst(self.codes)
         return self.summary
 
@@ -412,9 +419,10 @@ class _Transfer:
             self.engine.set_threads(t[0], t[1])
             self.want_write = t[2]
 
-        ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file)
+        ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file,
+                                            **self._start())
         ctrl.start()
-        last_progress = time.monotonic()
+        loop_start = last_progress = time.monotonic()
         last_written = -1
         quiet_since: Optional[float] = None
         deadline = self.t_start + self.o.max_duration_s if self.o.max_duration_s else None
@@ -445,7 +453,20 @@ class _Transfer:
             self.summary.threads = dict(zip(("read", "net", "write"), ctrl.threads))
             if self.o.progress:
                 self.o.progress(self.summary, ctrl)
-            time.sleep(0.02)
+            # poll every 2 ms at first, easing to every 20 ms within 0.2 s: a small transfer ends
+            # (and the next run starts) without waiting out fixed 20 ms pauses
+            time.sleep(min(0.02, 0.002 + 0.1 * (now - loop_start)))
+
+    def _start(self) -> Dict[str, Any]:
+        """The controller's ``start`` and ``bound`` (:mod:`automdt.start`): the dataset bound counts
+        the chunks of the files this run sends."""
+        from automdt.start import choose_start, chunks_to_move, dataset_bound
+
+        bound = dataset_bound(chunks_to_move((self.m.files[i].size for i in self.pending), self.chunk_size),
+                              self.o.max_threads)
+        start = choose_start(self.policy, self.o.max_threads, explicit=self.o.start_threads,
+                             history=self.o.history, bound=bound)
+        return {"start": start, "bound": bound}
 
     def _activate(self) -> None:
         room = self.o.window_files - len(self.active)
