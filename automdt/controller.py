@@ -59,6 +59,9 @@ class Controller:
         self.history: list = []
         self.last_record: Optional[Dict[str, Any]] = None
         self.start_record: Optional[Dict[str, Any]] = None
+        self.annotations: Dict[str, Any] = {}
+        """Fields added to every interval record from now on (the sender sets ``throttle``, the
+        throttle spec in force at the end of the interval)."""
 
     def start(self) -> Triple:
         """Reset the policy, apply the start triple, and log where it came from."""
@@ -146,6 +149,7 @@ class Controller:
             "recv_wait_s": round(d[6], 4),
             "interval_s": round(dt, 4),
         }
+        record.update(self.annotations)
         if new != self.threads:
             self.apply(new)
             self.threads = new

@@ -7,27 +7,26 @@ import hashlib
 import os
 import tempfile
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 from automdt import errors
 from automdt.errors import AutomdtError
 
 
-def job_key(src: str, dest: str, *extra: str) -> str:
-    """The identity of a job: ``sha256(abspath(src), dest[, extra...])``, 32 hex digits.
-
-    The job lock and the job history (:mod:`automdt.history`) are keyed by it. ``extra`` parts
-    (e.g. a shard ``"3/8"``) make a different job of the same SRC and DEST; without them the key
-    is what it always was.
-    """
-    ident = "\0".join((os.path.abspath(src), dest, *extra))
+def job_key(src: str, dest: str, shard: Optional[Tuple[int, int]] = None) -> str:
+    """The identity of a job: sha256 of SRC (absolute), DEST and, with ``--shard I/N``, the shard
+    (each shard of a tree is its own job: its own lock, history and resume)."""
+    ident = f"{os.path.abspath(src)}\0{dest}"
+    if shard is not None:
+        ident += "\0shard=%d/%d" % tuple(shard)
     return hashlib.sha256(ident.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
-def default_lock_path(src: str, dest: str, *extra: str) -> str:
-    """``$XDG_RUNTIME_DIR/automdt/<job_key(src, dest, ...)>.lock`` (falls back to the temp dir)."""
+def default_lock_path(src: str, dest: str, shard: Optional[Tuple[int, int]] = None) -> str:
+    """``$XDG_RUNTIME_DIR/automdt/<job_key>.lock`` (falls back to the temp dir)."""
+    key = job_key(src, dest, shard)
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return os.path.join(base, "automdt", f"{job_key(src, dest, *extra)}.lock")
+    return os.path.join(base, "automdt", f"{key}.lock")
 
 
 class JobLock:

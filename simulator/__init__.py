@@ -4,7 +4,9 @@ Public API (see each module): :mod:`~automdt.simulator.profile` (``Profile``, ``
 ``capacity``, ``ProfileError``), :mod:`~automdt.simulator.env` (``BufferSimEnv`` registered as
 ``automdt/BufferSim-v0``, ``action_to_threads``, ``utility``),
 :mod:`~automdt.simulator.vector` (``BatchedBufferSim``), :mod:`~automdt.simulator.pipeline`
-(``ObservationEncoder`` and the rest of the policy's numpy input pipeline). The stable-baselines3
+(``ObservationEncoder`` and the rest of the policy's numpy input pipeline),
+:mod:`~automdt.simulator.changes` (``ProfileChanges``: episodes whose profile changes
+mid-episode). The stable-baselines3
 adapter lives in :mod:`automdt.simulator.sb3` and is not imported here (it pulls in torch).
 
 The names below are loaded lazily (PEP 562): importing ``automdt.simulator.types`` or
@@ -34,6 +36,7 @@ _WHERE = {
     "Observation": "types",
     "Triple": "types",
     "BatchedBufferSim": "vector",
+    "ProfileChanges": "changes",
 }
 
 __all__ = sorted(_WHERE)

@@ -188,6 +188,8 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
     :param noise: relative std of the per-interval capacity noise; ``None``: the profile's.
     :param substeps: sub-steps per interval.
     :param bound_penalty: reward penalty per stage at ``max_threads``.
+    :param changes: a :class:`~automdt.simulator.changes.ProfileChanges`: the profile may change
+        at random steps of an episode (``info["sim/profile_changes"]`` counts them); None: off.
 
     All randomness comes from ``self.np_random`` (see :mod:`automdt.simulator.dynamics`).
 
@@ -210,11 +212,12 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
         substeps: int = 1,
         bound_penalty: float = 0.0,
         render_mode: str | None = None,
+        changes: Any = None,
     ) -> None:
         assert render_mode is None, "BufferSimEnv has no render modes"
         self.render_mode = render_mode
         self._core = SimCore(1, profile, k, episode_steps, randomize, random_profiles, random_start, noise,
-                             substeps, bound_penalty)
+                             substeps, bound_penalty, changes=changes)
         self.profile: Profile = self._core.profile
         self.k = float(k)
         self.episode_steps = int(episode_steps)
@@ -258,7 +261,9 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
         c = self._core
         from automdt.simulator.profile import StageProfile
 
-        st = [StageProfile(float(c.tpt[0, i]), float(c.bw[0, i])) for i in range(3)]
+        usl = [(0.0, 0.0)] * 3 if c.sigma is None else [(float(c.sigma[0, i]), float(c.kappa[0, i])) for i in range(3)]
+        st = [StageProfile(float(c.tpt[0, i]), float(c.bw[0, i]), contention=usl[i][0], coherency=usl[i][1])
+              for i in range(3)]
         return Profile(read=st[0], net=st[1], write=st[2], sender_buffer=int(round(c.smax[0])),
                        receiver_buffer=int(round(c.rmax[0])), interval_s=c.interval_s,
                        max_threads=c.max_threads, noise=float(c.noise[0]), capacity_model=c.model)
@@ -300,6 +305,7 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
         info["sim/utility"] = float(c.utility[0])
         info["sim/reward_scale_bps"] = float(c.scale[0])
         info["sim/step"] = int(c.steps[0])
+        info["sim/profile_changes"] = int(c.profile_changes[0])
         return info
 
 
