@@ -606,6 +606,7 @@ class ReceiverServer:
         self._thread: Optional[threading.Thread] = None
         # stop() writes a byte here so that serve_forever's poll returns at once, not on its timeout
         self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
 
     def claim(self, session: "Session", f: _File) -> None:
         """Make ``session`` the only writer of ``f``'s destination. Another session that still
@@ -639,7 +640,11 @@ class ReceiverServer:
             if poller.poll(20):
                 try:
                     frames = self.sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
+                except zmq.Again:  # the wake-up from stop(): drain it (never spin on a readable fd)
+                    try:
+                        self._wake_r.recv(64)
+                    except OSError:
+                        pass
                     continue
                 if len(frames) != 2:
                     continue
