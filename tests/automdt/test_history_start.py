@@ -246,3 +246,29 @@ def tiny_policy_path(tmp_path_factory):
     from tests.ppo.conftest import tiny_train
 
     return tiny_train(tmp_path_factory.mktemp("tinyp") / "policy.zip", timesteps=512, eval_every=512).model_path
+
+
+def test_controller_applies_the_start_logs_it_and_keeps_the_bound():
+    import io
+
+    from automdt.controller import Controller
+    from tests.automdt.test_controller import _rx, _stats
+
+    class Greedy(_PPOLike):
+        def act(self, obs):
+            return (30, 30, 30)
+
+    applied, log = [], io.StringIO()
+    start = choose_start(Greedy((16, 16, 8), "cold"), 32, bound=3)
+    c = Controller(Greedy((16, 16, 8), "cold"), applied.append, interval_s=1.0, max_threads=32, log_file=log,
+                   start=start, bound=3)
+    assert c.start() == (3, 3, 3) and applied == [(3, 3, 3)]
+    first = json.loads(log.getvalue().splitlines()[0])
+    assert first == {"t": 0.0, "start": {"threads": {"read": 3, "net": 3, "write": 3}, "source": "cold"},
+                     "policy": "ppo:x"}
+    c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
+    rec = c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20), now=11.0)
+    assert rec["next_threads"] == {"read": 3, "net": 3, "write": 3}  # the policy asked for 30
+    # an explicit --threads start is not bounded, and neither are the policy's later choices
+    c = Controller(Greedy(), applied.append, max_threads=32, start=Start((8, 8, 8), "threads"), bound=3)
+    assert c.start() == (8, 8, 8) and c.limit == 32
