@@ -10,7 +10,7 @@ neither training nor model selection uses (``COLD_START_SEED``), with datasets t
 intervals and also scores how well the policy settles from that start (its utility over the last
 half as a fraction of the oracle's, the simulator's yardstick): a policy trained from (1,1,1)
 may settle worse from a wide start, and a start that costs more than :data:`SETTLE_MARGIN` of it
-against (1,1,1) is not eligible. Starting wide is never slower in the simulator, so among the
+against (1,1,1) on any profile is not eligible. Starting wide is never slower in the simulator, so among the
 eligible candidates within :data:`TOLERANCE` of the best score it takes the one with the fewest
 threads (fewer connections, less CPU, fairer to other transfers). The live controller then
 bounds it by what the dataset can use (:mod:`automdt.start`).
@@ -48,8 +48,9 @@ TOLERANCE = 0.02
 """Candidates within this fraction of the best score count as equally fast."""
 EPISODE_STEPS = 60
 """Intervals per run (the settling score is the mean over the last half)."""
-SETTLE_MARGIN = 0.01
-"""How much worse than from (1,1,1) a start may let the policy settle (fraction of the oracle)."""
+SETTLE_MARGIN = 0.02
+"""How much worse than from (1,1,1) a start may let the policy settle on any profile (fraction of
+the oracle's utility)."""
 
 
 def cold_start_profiles(count: int = N_PROFILES, max_threads: int = 32) -> List[Tuple[str, Profile]]:
@@ -131,7 +132,9 @@ def choose_cold_start(policy: Any, profiles: Optional[Sequence[Tuple[str, Profil
         settles.append(f)
     score = dict(zip(cands, np.mean(ratios, axis=0).tolist()))
     settle = dict(zip(cands, np.mean(settles, axis=0).tolist()))
-    eligible = {c: s for c, s in score.items() if settle[c] >= settle[base] - SETTLE_MARGIN}
+    per = np.array(settles)  # (profiles, candidates)
+    worst = dict(zip(cands, (per - per[:, [cands.index(base)]]).min(axis=0).tolist()))
+    eligible = {c: s for c, s in score.items() if worst[c] >= -SETTLE_MARGIN}
     best = min(eligible.values())
     ok = [c for c, s in eligible.items() if s <= best * (1 + tolerance)]
     chosen = min(ok, key=lambda c: (sum(c), score[c], c))
