@@ -560,6 +560,11 @@ def cmd_train(args) -> int:
         raise AutomdtError(f"{out_dir}: output directory does not exist", errors.USAGE)
     if args.tensorboard:
         try:
+            import tensorboard  # noqa: F401  (SB3 writes through torch's SummaryWriter, which needs it)
+        except ImportError:
+            raise AutomdtError("--tensorboard needs the tensorboard package (pip install 'automdt[sweeps]')",
+                               errors.USAGE) from None
+        try:
             os.makedirs(args.tensorboard, exist_ok=True)
         except OSError as e:
             raise AutomdtError(f"--tensorboard {args.tensorboard}: {e.strerror}", errors.USAGE) from None
