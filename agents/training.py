@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from automdt.simulator.contract import action_names
 from automdt.simulator.profile import Profile, StageProfile
 
 log = logging.getLogger(__name__)
@@ -303,6 +304,7 @@ def train(
     changes: Any = None,
     tensorboard_log: Optional[Union[str, os.PathLike]] = None,
     eval_hook: Optional[Any] = None,
+    cold_start: bool = True,
 ) -> TrainReport:
     """Train a PPO policy in the simulator and write it with its metadata and learning curve.
 
@@ -348,6 +350,9 @@ def train(
         ``eval/fraction_of_oracle``, ``eval/min_fraction_of_oracle`` and ``eval/mean_step_reward``.
     :param eval_hook: called as ``eval_hook(timesteps, fraction_of_oracle)`` after every
         evaluation; a true return stops training (stop reason ``"hook"``; e.g. Optuna pruning).
+    :param cold_start: with ``random_profiles``, choose the policy's cold start in the simulator
+        (:func:`automdt.agents.cold_start.choose_cold_start`, about 15 s) and record it as
+        the metadata's ``start``; a policy trained on one profile starts at its oracle triple.
     """
     import torch as th
     from stable_baselines3 import PPO
@@ -549,7 +554,12 @@ def train(
 
     obs_space, act_space = ppo_sb3.simulator_spaces(cfg.frame_stack, cfg.features, cfg.action_head,
                                                     profile.max_threads)
-    start = _policy_start(profile, k, random_profiles)
+    if random_profiles and cold_start:
+        from automdt.agents.cold_start import choose_cold_start
+
+        start = choose_cold_start(ppo_mod.PPOPolicy(model.policy, deterministic=True, metadata=eval_meta))
+    else:
+        start = _policy_start(profile, k, random_profiles)
     meta: Dict[str, Any] = {
         "format": ppo_mod.POLICY_FORMAT,
         "algorithm": "PPO",
@@ -559,9 +569,7 @@ def train(
         "action_space": ppo_sb3.space_to_json(act_space),
         "observation_names": list(sim_env.OBS_NAMES),
         "action_head": cfg.action_head,
-        "action_names": (list(sim_env.ACTION_NAMES) if cfg.action_head == "step"
-                         else list(sim_env.TARGET_NAMES) if cfg.action_head == "target"
-                         else list(sim_env.ABSOLUTE_FIXED) + [str(n) for n in range(1, profile.max_threads + 1)]),
+        "action_names": action_names(cfg.action_head, profile.max_threads),
         "policy_kwargs": policy_kwargs_json,
         "frame_stack": int(cfg.frame_stack),
         "features": list(cfg.features),

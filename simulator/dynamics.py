@@ -17,6 +17,16 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from automdt.simulator.contract import (  # noqa: F401  (re-exported: their old home)
+    ABSOLUTE_FIXED,
+    ACTION_HEADS,
+    ACTION_NAMES,
+    DEFAULT_ACTION_HEAD,
+    OBS_DIM,
+    OBS_NAMES,
+    TARGET_NAMES,
+    action_nvec,
+)
 from automdt.simulator.profile import (N_PROFILE_UNIFORMS, Profile, capacity_array, peak_capacity_array,
                                       random_profile_arrays)
 
@@ -39,50 +49,13 @@ then the in-flight draws of :func:`measure_interval`."""
 
 _SQRT3 = math.sqrt(3.0)
 
-ACTION_HEADS: tuple[str, ...] = ("absolute", "step", "target")
-"""The policy's action heads (one index per stage, see :func:`actions_to_threads`):
-
-* ``"absolute"``: ``MultiDiscrete([M + 3] * 3)`` for a thread bound ``M``: index 0
-  keeps the stage's count, 1 and 2 take one thread off or add one, index ``2 + k`` sets it to
-  ``k`` threads (:data:`ABSOLUTE_FIXED` names the first three). Any count in one step, as the
-  AutoMDT slides' agent predicts the next thread counts, with an exact "hold" and a one-thread
-  nudge for settling (exact counts are the hard part for a categorical over 32 values).
-* ``"step"``: ``MultiDiscrete([5, 5, 5])``, :data:`ACTION_NAMES` (halve, -1, hold, +1, double):
-  the first head, kept for policies trained with it; 1 -> 32 threads takes five steps.
-* ``"target"`` (the default): ``MultiDiscrete([11] * 3)``, :data:`TARGET_NAMES`: the next count of a stage as a
-  target anchored on what was measured: hold, -1, +1; the threads the stage's current flow needs
-  (:func:`need_from_encoding`: ``n * utilization * efficiency``, rounded up) and that plus one;
-  the threads it needs to *carry* its neighbour's flow (``need * neighbour's throughput / own``:
-  readers filling the sender buffer at twice the network's rate carry it with half their threads,
-  readers left behind by a draining buffer need more) and that plus one; double or
-  four times the count, the thread bound, half the count. Any count in one step (the anchors are
-  whatever the stages measured), and the exact one is a single choice.
-"""
-TARGET_NAMES: tuple[str, ...] = ("hold", "minus_one", "plus_one", "need", "need_plus_one", "carry", "carry_plus_one",
-                                 "double", "quadruple", "max", "halve")
-"""Meaning of each per-stage index of the ``target`` head."""
-NEED_SLACK = 0.25
-"""The ``target`` head rounds an anchor up once it is this far above a whole count (8.2 -> 8, 8.3 -> 9)."""
-DEFAULT_ACTION_HEAD = "target"
-ABSOLUTE_FIXED: tuple[str, ...] = ("hold", "minus_one", "plus_one")
-"""The ``absolute`` head's first indices; index ``len(ABSOLUTE_FIXED) - 1 + k`` sets ``k`` threads."""
-
-# Step head: index -> (multiplier, addend); new = floor(n * mult) + add, then clipped.
+# Step head: index -> (multiplier, addend); new = floor(n * mult) + add, then clipped. The names
+# (ACTION_HEADS, ACTION_NAMES, TARGET_NAMES, OBS_NAMES...) live in the dependency-free
+# automdt.simulator.contract.
 ACTION_MULT = np.array([0.5, 1.0, 1.0, 1.0, 2.0])
 ACTION_ADD = np.array([0, -1, 0, 1, 0], dtype=np.int64)
-ACTION_NAMES: tuple[str, ...] = ("halve", "minus_one", "hold", "plus_one", "double")
-"""Meaning of each per-stage index of the ``step`` head (see :data:`ACTION_HEADS`)."""
-
-
-def action_nvec(head: str, max_threads: int) -> int:
-    """Choices per stage of an action head (:data:`ACTION_HEADS`)."""
-    if head == "absolute":
-        return int(max_threads) + len(ABSOLUTE_FIXED)
-    if head == "step":
-        return len(ACTION_NAMES)
-    if head == "target":
-        return len(TARGET_NAMES)
-    raise ValueError(f"unknown action head {head!r}; use one of {ACTION_HEADS}")
+NEED_SLACK = 0.25
+"""The ``target`` head rounds an anchor up once it is this far above a whole count (8.2 -> 8, 8.3 -> 9)."""
 
 
 def need_from_encoding(enc: np.ndarray, max_threads: int) -> np.ndarray:
@@ -98,21 +71,6 @@ def need_from_encoding(enc: np.ndarray, max_threads: int) -> np.ndarray:
     neighbour = e[:, [4, 5, 4]]  # net, write, net throughputs (over the same reference)
     carry = np.minimum(need * neighbour / np.maximum(e[:, 3:6], 1e-6), float(max_threads))
     return np.concatenate([need, carry], axis=1)
-
-OBS_NAMES: tuple[str, ...] = (
-    "read/threads", "net/threads", "write/threads",
-    "read/throughput", "net/throughput", "write/throughput",
-    "buffer/sender_fill", "buffer/receiver_fill",
-    "prev/read/threads", "prev/net/threads", "prev/write/threads",
-    "prev/read/throughput", "prev/net/throughput", "prev/write/throughput",
-    "read/thread_efficiency", "net/thread_efficiency", "write/thread_efficiency",
-    "read/utilization", "net/utilization", "write/utilization",
-    "read/peak_throughput", "net/peak_throughput", "write/peak_throughput",
-    "buffer/sender_trend", "buffer/receiver_trend",
-)
-"""Names of the encoded observation's components, in order (see
-:class:`automdt.simulator.env.ObservationEncoder` for their meaning)."""
-OBS_DIM = len(OBS_NAMES)
 
 _TINY_BPS = 1.0  # floor of the throughput reference (bytes/s): avoids 0/0 before anything moved
 BUSY_DROP = 0.95
