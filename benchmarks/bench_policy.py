@@ -3,7 +3,7 @@
 
 One command (from the repository root)::
 
-    .venv/bin/python benchmarks/bench_policy.py [--reps 5] [--only startup,large,warm] [--json out.json]
+    .venv/bin/python benchmarks/bench_policy.py [--reps 5] [--only startup,large,warm,sustained,ramp,completion,sim] [--json out.json]
 
 Sections (each prints its figures and the issue's target; ``--json`` writes every figure and
 raw sample):
@@ -20,6 +20,23 @@ raw sample):
   40 MB/s per network and write thread, 80 MB/s link: achievable 80 MB/s; 20 x 40 MB) with a fresh
   history: seconds to 90% of the achievable rate in each run's ``--log``. Target: second run
   within the first interval.
+
+Issue 10 part B (the policy's behaviour; :mod:`policy_sections`, definitions in
+:mod:`automdt.experiments.behaviour`):
+
+* ``sustained``: the default command with the default buffers and chunks on the issue's
+  read-bound path and the experiments' read-, network- and write-bound shapes, 26 x 100 MB
+  (>= 30 s each), ``--policy marlin`` on the issue's path in the same rounds: the share of
+  intervals at >= 90% of the achievable rate after first reaching it (target >= 0.9), the
+  longest dip, the settled triple. ``min(--reps, 3)`` rounds.
+* ``ramp``: cold start (no history, shipped default) on the experiments' three scenarios at 80
+  and 250 MB/s: intervals to 90% of the achievable rate (target <= 2); warm start with a policy
+  trained on each scenario's profile (``automdt train --profile``): target 1.
+* ``completion``: ``python -m automdt.experiments completion --policies ppo,marlin``, Marlin's
+  completion time over PPO's per scenario and dataset (target >= 1.3).
+* ``sim``: the shipped default on 30 held-out random profiles (target >= 0.95 of the oracle),
+  ``automdt train --profile`` on the scenarios (target >= 0.95 in under a minute), and ramp,
+  sustained share and settling in the simulator with the engine's chunk effects.
 
 Sections are functions in :data:`SECTIONS` (name -> function(ctx) -> dict of figures); adding
 one is adding an entry. Everything lives under ``/dev/shm/amdt-i10-bench-<pid>`` (datasets,
@@ -46,6 +63,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_engine as be  # noqa: E402  (helpers: processes, timed runs, GridFTP on loopback)
+import policy_sections as ps  # noqa: E402  (issue 10 part B's sections)
 
 MB = 1_000_000
 SHM = "/dev/shm"
@@ -266,9 +284,9 @@ SECTIONS: Dict[str, Callable[[Ctx], Dict[str, Any]]] = {
     "startup": section_startup,
     "large": section_large,
     "warm": section_warm,
+    **ps.SECTIONS,  # sustained, ramp, completion, sim (issue 10 part B)
 }
-"""Section name -> function(ctx) returning its figures (issue 10 part B adds sustained, ramp,
-completion and sim here)."""
+"""Section name -> function(ctx) returning its figures."""
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

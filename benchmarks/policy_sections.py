@@ -1,5 +1,7 @@
 """Issue 10 part B's sections of ``benchmarks/bench_policy.py``: sustained, ramp, completion, sim.
 
+Run them with ``.venv/bin/python benchmarks/bench_policy.py --only sustained,ramp,completion,sim``.
+
 Each section is a function ``section_<name>(ctx) -> dict of figures`` using the context of
 ``bench_policy.py`` (``ctx.dataset``, ``ctx.transfer``, ``ctx.path``, ``ctx.reps``, ``ctx.env``,
 ``ctx.automdt``); it prints its figures and the issue's target. Definitions (interval counts,
