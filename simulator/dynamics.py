@@ -370,6 +370,26 @@ def measure_interval(moved: np.ndarray, busy_main: np.ndarray, inflight: np.ndar
     return counted, new, k
 
 
+def startup_share(S: np.ndarray, R: np.ndarray, chunk: np.ndarray, single_bps: np.ndarray,
+                  interval_s: float) -> np.ndarray:
+    """(N,3): the share of a transfer's first interval in which each stage has data to work on.
+
+    The network sends nothing before the first chunk is read (unless the sender buffer already
+    holds data) and the writers write nothing before the first chunk has crossed the network: on
+    the engine's issue path (4 MiB chunks, 10 MB/s per reader) the first interval wrote about half
+    of what the readers read. The wait is a chunk at the upstream stage's speed for one chunk
+    (``single_bps``: ``min(TPT, B)``). The caller caps what the network and the writers move in
+    that interval at this share of what was available to them.
+    """
+    c = chunk
+    lat_n = np.where(S > c, 0.0, c / np.maximum(single_bps[:, 0], _TINY_BPS))
+    lat_w = np.where(R > c, 0.0, lat_n + c / np.maximum(single_bps[:, 1], _TINY_BPS))
+    share = np.ones((S.shape[0], 3))
+    share[:, 1] = np.clip(1.0 - lat_n / interval_s, 0.0, 1.0)
+    share[:, 2] = np.clip(1.0 - lat_w / interval_s, 0.0, 1.0)
+    return share
+
+
 class SimCore:
     """State and dynamics of N simulated transfers, as (N, ...) numpy arrays.
 
@@ -647,8 +667,15 @@ class SimCore:
         held_s = (k_prev[:, 0] + k_prev[:, 1]) * chunk  # readers fill a slot, senders drain one
         held_r = k_prev[:, 2] * chunk  # writers drain one (a connection holds one only mid-frame)
         qmax = (np.maximum(smax - held_s, chunk), np.maximum(rmax - held_r, chunk))
-        S, R, moved = run_interval(self.S[sel], self.R[sel], cap + extra / dt, dt, smax, rmax, self.substeps, qmax)
         per_thread = np.minimum(tptf, cap / np.maximum(threads, 1))
+        S0, R0 = self.S[sel], self.R[sel]
+        S, R, moved = run_interval(S0, R0, cap + extra / dt, dt, smax, rmax, self.substeps, qmax)
+        if first:  # a transfer's first interval: the pipeline fills (see startup_share)
+            share = startup_share(S0, R0, chunk, np.minimum(tptf, bwf), dt)
+            x = np.minimum(moved[:, 1], share[:, 1] * (S0 + moved[:, 0]))
+            w = np.minimum(moved[:, 2], share[:, 2] * (R0 + x))
+            moved = np.stack([moved[:, 0], x, w], axis=1)
+            S, R = S0 + moved[:, 0] - x, R0 + x - w
         extra_done = np.minimum(extra, moved)
         extra_busy = extra_done / np.maximum(per_thread, _TINY_BPS)
         backlog = backlog_flags(S, R, chunk, chunk)
