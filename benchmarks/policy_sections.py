@@ -67,14 +67,10 @@ def log_metrics(lines: List[Dict[str, Any]], achievable_bps: float, min95: Seque
 
 
 def throttle_spec(throttle: Dict[str, Tuple[float, float]]) -> str:
-    parts = []
-    for s in ("read", "net", "write"):
-        tpt, total = throttle.get(s, (0, 0))
-        if tpt:
-            parts.append(f"{s}.thread={int(tpt)}")
-        if total:
-            parts.append(f"{s}.total={int(total)}")
-    return ",".join(parts)
+    """The ``--throttle`` spec of a path's limits (:func:`automdt.throttle.format_throttle`)."""
+    from automdt.throttle import format_throttle
+
+    return format_throttle(throttle)
 
 
 def _paths_default_buffers() -> Dict[str, Any]:
