@@ -60,8 +60,9 @@ def make_observation_space() -> spaces.Box:
 
 
 def make_action_space(head: str = DEFAULT_ACTION_HEAD, max_threads: int = 32) -> spaces.MultiDiscrete:
-    """The action space of a head (:data:`ACTION_HEADS`): ``MultiDiscrete([max_threads + 3] * 3)``
-    for ``absolute``, ``MultiDiscrete([5, 5, 5])`` for ``step`` (see :func:`action_to_threads`)."""
+    """The action space of a head (:data:`ACTION_HEADS`): ``MultiDiscrete([11] * 3)`` for
+    ``target``, ``MultiDiscrete([max_threads + 3] * 3)`` for ``absolute``, ``MultiDiscrete([5, 5,
+    5])`` for ``step`` (see :func:`action_to_threads`)."""
     return spaces.MultiDiscrete([action_nvec(head, max_threads)] * 3)
 
 
@@ -70,29 +71,33 @@ def action_to_threads(action: Sequence[int] | np.ndarray, current: Sequence[int]
                       need: Sequence[float] | np.ndarray | None = None) -> Triple:
     """Apply a per-stage action to the current thread counts.
 
-    ``absolute`` head (the default): index 0 keeps the stage's count, 1 takes a thread off, 2 adds
-    one, index ``2 + k`` sets it to ``k`` (the AutoMDT slides' agent predicts the next thread
-    counts). ``step`` head (the first one):
+    ``target`` head (the default, :data:`TARGET_NAMES`): hold, -1, +1, the threads the stage's
+    flow needs, +1, the threads it needs to carry its neighbour's flow, +1, double, x4, the thread
+    bound, half; ``need`` holds the anchors (:func:`~automdt.simulator.dynamics.need_from_encoding`
+    of the interval's encoding). ``absolute`` head: index 0 keeps the stage's count, 1 takes a
+    thread off, 2 adds one, index ``2 + k`` sets it to ``k``. ``step`` head (the first one):
     ``0: n // 2``, ``1: n - 1``, ``2: n`` (hold), ``3: n + 1``, ``4: 2 * n``. The result is
     clipped to ``[1, max_threads]``.
 
-    Why absolute counts with a hold index:
+    Why targets anchored on measurements:
 
-    * *fast*: any count in one step. The step head needed 5 doublings from 1 to 32 threads, so a
-      ramp took 5-7 intervals however well the policy knew the path;
+    * *fast*: any count in one step (the AutoMDT slides' agent predicts the next counts). The step
+      head needed 5 doublings from 1 to 32 threads, so a ramp took 5-7 intervals however well the
+      policy knew the path;
+    * *exact*: the count a stage needs is one choice, computed from what it measured; trials of
+      absolute counts (1..32) ramped as fast but settled one or more threads off (a categorical
+      over 32 counts lands near, not on, a count: 4-7 readers where 8 were needed);
     * *stable*: ``hold`` is exact whatever the count, so a settled policy stays settled, which is
       what makes AutoMDT beat Marlin's oscillating gradient descents; a small per-change cost in
-      training (``change_penalty``) makes holding the habit;
-    * *learnable*: choosing count ``k`` for a target ``x`` is a linear function of ``x`` per
-      logit, and the inputs carry the stage's needed threads (``need`` feature); the +-1 indices
-      settle a stage exactly where a categorical over 32 counts lands one off (a trial with
-      absolute counts only settled a read-bound path at 7 readers where 8 were needed).
+      training (``change_penalty``) makes holding the habit.
 
     :param action: three indices (read, net, write).
     :param current: current thread counts (read, net, write).
     :param max_threads: upper bound of the result.
     :param head: :data:`ACTION_HEADS`.
-    :param action_max: the bound the ``absolute`` head was built for (default ``max_threads``).
+    :param action_max: the bound the ``absolute`` and ``target`` heads were built for (default
+        ``max_threads``).
+    :param need: the six anchors of the ``target`` head (needs, then carries, per stage).
     :return: the next thread counts.
     """
     out = actions_to_threads(np.asarray(action).reshape(1, 3), np.asarray(current).reshape(1, 3), max_threads,
@@ -143,33 +148,29 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Action Space
 
-    ``MultiDiscrete([5, 5, 5])``, one index per stage (read, net, write), applied to the current
-    counts by :func:`action_to_threads` and clipped to ``[1, max_threads]``:
+    ``MultiDiscrete([11, 11, 11])`` (the default ``target`` head), one index per stage (read, net,
+    write), applied to the current counts by :func:`action_to_threads` on the anchors of the
+    observation just returned, clipped to ``[1, max_threads]``:
 
-    | Index | Meaning   | New count  |
-    |-------|-----------|------------|
-    | 0     | halve     | ``n // 2`` |
-    | 1     | minus one | ``n - 1``  |
-    | 2     | hold      | ``n``      |
-    | 3     | plus one  | ``n + 1``  |
-    | 4     | double    | ``2 n``    |
+    | Index | Meaning        | New count                                                 |
+    |-------|----------------|-----------------------------------------------------------|
+    | 0     | hold           | ``n``                                                     |
+    | 1, 2  | minus/plus one | ``n - 1``, ``n + 1``                                      |
+    | 3, 4  | need (+1)      | ``ceil(n * utilization * efficiency - 0.25)`` (+1)        |
+    | 5, 6  | carry (+1)     | the need times the neighbour's throughput / own (+1)      |
+    | 7, 8  | double, x4     | ``2 n``, ``4 n``                                          |
+    | 9, 10 | max, halve     | ``max_threads``, ``n // 2``                               |
 
-    :meth:`step_threads` takes absolute counts instead (for baselines and evaluation).
+    ``action_head="absolute"`` (hold, -1, +1, then 1..max_threads) and ``"step"`` (halve, -1, hold,
+    +1, double) are the other heads. :meth:`step_threads` takes absolute counts instead (for
+    baselines and evaluation).
 
     ## Observation Space
 
-    ``Box(0, 1, (17,), float32)`` produced by :class:`ObservationEncoder` from the raw
-    measurements (which are in ``info["observation"]``, an :class:`Observation` in bytes/s):
-
-    | Num   | Observation                  | Unit / scaling                              | Min | Max |
-    |-------|------------------------------|---------------------------------------------|-----|-----|
-    | 0-2   | threads (read, net, write)   | count / max_threads                         | 0   | 1   |
-    | 3-5   | throughputs (read, net, write)| B/s / running max stage throughput (episode)| 0   | 1   |
-    | 6     | sender buffer fill           | S / S_max                                   | 0   | 1   |
-    | 7     | receiver buffer fill         | R / R_max                                   | 0   | 1   |
-    | 8-10  | previous interval's threads  | count / max_threads                         | 0   | 1   |
-    | 11-13 | previous interval's throughputs | B/s / the same running max               | 0   | 1   |
-    | 14-16 | thread efficiency (read, net, write) | (B/s per thread) / its running max  | 0   | 1   |
+    ``Box(0, 1, (25,), float32)`` produced by :class:`ObservationEncoder` from the raw
+    measurements (which are in ``info["observation"]``, an :class:`Observation` in bytes/s; see
+    the encoder for the components: threads, throughputs, fills, the previous interval, thread
+    efficiency, utilization, peak throughputs, buffer trends).
 
     ## Rewards
 
