@@ -55,6 +55,7 @@ ACTIVITIES = [
     "TCP input (softirq)",
     "receive (recv)",
     "verify (receiver hash)",
+    "hash (caller unknown)",
     "write (copy into page cache)",
     "page-cache allocation",
     "journal (write)",
@@ -62,7 +63,7 @@ ACTIVITIES = [
     "per-file system calls",
     "memory mapping",
     "page faults",
-    "TLS (OpenSSL)",
+    "TLS / OpenSSL (also hashlib)",
     "engine bookkeeping (user)",
     "Python (start-up, control loop, session)",
     "control channel (zmq)",
@@ -149,15 +150,14 @@ def classify(frames: List[Tuple[str, str]]) -> str:
             return "wake-ups, waits, scheduling"
         return "other kernel"
     # user space
-    if leaf_sym.startswith("XXH") or "xxhash" in leaf_dso:
-        callers = set(syms)
-        if any("read_chunk" in s or "reader" in s for s in callers):
+    if leaf_sym.startswith(("XXH", "amdt_avx2_", "amdt_lib_", "amdt_hash")) or "xxhash" in leaf_dso:
+        if any(s.startswith(("amdt_read", "amdt_reader")) for s in syms):
             return "hash (sender)"
-        if any("writer" in s or "verify" in s for s in callers):
+        if any(s.startswith(("amdt_conn_body", "amdt_writer")) for s in syms):
             return "verify (receiver hash)"
-        return "hash (sender)" if "Sender" in str(callers) else "verify (receiver hash)"
+        return "hash (caller unknown)"
     if "libcrypto" in leaf_dso or "libssl" in leaf_dso:
-        return "TLS (OpenSSL)"
+        return "TLS / OpenSSL (also hashlib)"
     if "_engine" in leaf_dso or in_engine:
         return "engine bookkeeping (user)"
     if "libzmq" in leaf_dso or "zmq" in leaf_dso:

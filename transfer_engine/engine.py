@@ -154,6 +154,8 @@ def _stage(t: tuple[int, int, int, int, int, int]) -> StageStats:
 
 
 def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    if type(value) is int and value >= lo and (hi is None or value <= hi):
+        return value  # the common case first: this runs several times per file on the data path
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an int, got {type(value).__name__}")
     if value < lo or (hi is not None and value > hi):
