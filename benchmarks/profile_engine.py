@@ -65,6 +65,7 @@ ACTIVITIES = [
     "page faults",
     "TLS / OpenSSL (also hashlib)",
     "engine bookkeeping (user)",
+    "libc (memcpy, e.g. OpenSSL's into slots; locks)",
     "Python (start-up, control loop, session)",
     "control channel (zmq)",
     "other kernel",
@@ -162,7 +163,9 @@ def classify(frames: List[Tuple[str, str]]) -> str:
         return "engine bookkeeping (user)"
     if "libzmq" in leaf_dso or "zmq" in leaf_dso:
         return "control channel (zmq)"
-    if "python" in leaf_dso or "site-packages" in leaf_dso or "ld-linux" in leaf_dso or "libc" in leaf_dso \
+    if "libc.so" in leaf_dso or "libc-" in leaf_dso:
+        return "libc (memcpy, e.g. OpenSSL's into slots; locks)"
+    if "python" in leaf_dso or "site-packages" in leaf_dso or "ld-linux" in leaf_dso \
             or leaf_dso.endswith(".so") or "[unknown]" in leaf_dso:
         return "Python (start-up, control loop, session)"
     return "other"

@@ -75,10 +75,9 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
     s->fault_corrupt = cfg->fault_corrupt;
     if (cfg->tls_key != NULL && (s->tls = amdt_tls_new(0, cfg->tls_key, err, errlen)) == NULL)
         goto error;
-    /* TLS encrypts in user space, so it needs the bytes in a slot; AUTOMDT_SENDFILE=0 forces
-     * the copy path too (for comparisons). */
+    /* AUTOMDT_SENDFILE=0 forces the copy path (for comparisons). */
     const char *force = getenv("AUTOMDT_SENDFILE");
-    s->zerocopy = cfg->zerocopy && s->tls == NULL && !(force != NULL && strcmp(force, "0") == 0);
+    s->zerocopy = cfg->zerocopy && !(force != NULL && strcmp(force, "0") == 0);
 
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
@@ -124,7 +123,8 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
         goto error_sys;
     }
     amdt_debug("sender: %s:%d chunk %llu, %zu slots, %s", s->host, s->port,
-               (unsigned long long)s->chunk_size, slots, s->zerocopy ? "sendfile" : "copy");
+               (unsigned long long)s->chunk_size, slots,
+               !s->zerocopy ? "copy" : s->tls != NULL ? "re-read + TLS" : "sendfile");
     return s;
 
 error_sys:
@@ -673,23 +673,8 @@ static void amdt_backoff(amdt_worker *w, int fails)
     }
 }
 
-/* Send all of buf (the hello). Returns 0 or an errno. */
-static int amdt_send_all(amdt_sender *s, amdt_link *l, const uint8_t *buf, size_t len)
-{
-    while (len > 0) {
-        if (amdt_stopping(&s->stop))
-            return ECANCELED;
-        ssize_t n = amdt_link_send(l, buf, len);
-        if (n < 0) {
-            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
-                continue; /* SO_SNDTIMEO expired: re-check the stop flag */
-            return errno;
-        }
-        buf += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
+static int amdt_send_buf(amdt_sender *s, amdt_link *l, const uint8_t *buf, size_t len, int more,
+                         int progress);
 
 /* Connect, set options, start TLS when configured, send the hello. Returns 0 with l set
  * up, or an errno. */
@@ -751,7 +736,7 @@ static int amdt_connect(amdt_sender *s, amdt_worker *w, amdt_link *l)
     uint8_t hello[AMDT_HELLO_LEN];
     memcpy(hello, AMDT_HELLO_MAGIC, AMDT_HELLO_MAGIC_LEN);
     memcpy(hello + AMDT_HELLO_MAGIC_LEN, s->token, AMDT_TOKEN_LEN);
-    err = amdt_send_all(s, l, hello, sizeof(hello));
+    err = amdt_send_buf(s, l, hello, sizeof(hello), 0, 0);
     if (err != 0)
         goto error;
     return 0;
@@ -791,15 +776,17 @@ static int amdt_send_frame(amdt_sender *s, amdt_link *l, const uint8_t *hdr, amd
     return 0;
 }
 
-/* send() all of buf on a plain connection; more = 1 adds MSG_MORE (more of the frame follows).
- * progress = 1: the bytes are payload (counted). Returns 0 or an errno. */
-static int amdt_send_plain(amdt_sender *s, int fd, const uint8_t *buf, size_t len, int more,
-                           int progress)
+/* Send all of buf: send() on a plain connection (more = 1 adds MSG_MORE: more of the frame
+ * follows), SSL_write() records on an encrypted one. progress = 1: the bytes are payload
+ * (counted as they leave). Returns 0 or an errno. */
+static int amdt_send_buf(amdt_sender *s, amdt_link *l, const uint8_t *buf, size_t len, int more,
+                         int progress)
 {
     while (len > 0) {
         if (amdt_stopping(&s->stop))
             return ECANCELED;
-        ssize_t n = send(fd, buf, len, MSG_NOSIGNAL | (more ? MSG_MORE : 0));
+        ssize_t n = l->ssl != NULL ? amdt_link_send(l, buf, len)
+                                   : send(l->fd, buf, len, MSG_NOSIGNAL | (more ? MSG_MORE : 0));
         if (n < 0) {
             if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
                 continue; /* SO_SNDTIMEO expired: re-check the stop flag */
@@ -814,10 +801,11 @@ static int amdt_send_plain(amdt_sender *s, int fd, const uint8_t *buf, size_t le
 }
 
 /* The rest of a zero-copy slot's payload, from `pos` on, read from the file into `buf`
- * (AMDT_PIECE bytes) and sent: the path when sendfile() does not work on this file, and the
- * fault hook's (corrupt: flip the payload byte at length / 2, after hashing). A file that
- * became shorter than the chunk gives ENODATA. Returns 0 or an errno. */
-static int amdt_send_file_copy(amdt_sender *s, int sock, const amdt_slot *slot, size_t pos,
+ * (AMDT_PIECE bytes) and sent: the path of encrypted connections (TLS encrypts in user space),
+ * of files sendfile() does not work on, and of the fault hook (corrupt: flip the payload byte
+ * at length / 2, after hashing). A file that became shorter than the chunk gives ENODATA.
+ * Returns 0 or an errno. */
+static int amdt_send_file_copy(amdt_sender *s, amdt_link *l, const amdt_slot *slot, size_t pos,
                                uint8_t *buf, int corrupt)
 {
     while (pos < slot->length) {
@@ -833,7 +821,7 @@ static int amdt_send_file_copy(amdt_sender *s, int sock, const amdt_slot *slot, 
         if (corrupt && mid >= pos && mid < pos + (size_t)n)
             buf[mid - pos] ^= 0xFF;
         pos += (size_t)n;
-        int err = amdt_send_plain(s, sock, buf, (size_t)n, pos < slot->length, 1);
+        int err = amdt_send_buf(s, l, buf, (size_t)n, pos < slot->length, 1);
         if (err != 0)
             return err;
     }
@@ -841,18 +829,19 @@ static int amdt_send_file_copy(amdt_sender *s, int sock, const amdt_slot *slot, 
 }
 
 /* Send one frame of a zero-copy slot: the header with MSG_MORE, then the payload straight
- * from the page cache with sendfile(), counting payload bytes as they leave. *buf is the
- * thread's piece buffer, allocated on first need (fallback or fault hook). Returns 0 or an
- * errno; ENODATA: the source file is shorter than when the chunk was read. */
+ * from the page cache with sendfile() (plain connections), counting payload bytes as they
+ * leave. *buf is the thread's piece buffer, allocated on first need (TLS, fallback or fault
+ * hook). Returns 0 or an errno; ENODATA: the source file is shorter than when the chunk was
+ * read. */
 static int amdt_send_frame_file(amdt_sender *s, amdt_link *l, const uint8_t *hdr,
                                 const amdt_slot *slot, uint8_t **buf, int corrupt)
 {
-    int err = amdt_send_plain(s, l->fd, hdr, AMDT_FRAME_HDR_LEN, 1, 0);
+    int err = amdt_send_buf(s, l, hdr, AMDT_FRAME_HDR_LEN, 1, 0);
     if (err != 0)
         return err;
     off_t off = (off_t)slot->offset;
     size_t done = 0;
-    while (!corrupt && done < slot->length) {
+    while (!corrupt && l->ssl == NULL && done < slot->length) {
         if (amdt_stopping(&s->stop))
             return ECANCELED;
         ssize_t n = sendfile(l->fd, slot->fd, &off, slot->length - done);
@@ -874,7 +863,7 @@ static int amdt_send_frame_file(amdt_sender *s, amdt_link *l, const uint8_t *hdr
         *buf = NULL;
         return ENOMEM;
     }
-    return amdt_send_file_copy(s, l->fd, slot, done, *buf, corrupt);
+    return amdt_send_file_copy(s, l, slot, done, *buf, corrupt);
 }
 
 /* Take one unit from the fault-injection counter, if any is left. */

@@ -66,7 +66,8 @@ typedef struct amdt_sender_cfg {
     int fault_corrupt;
     int read_threads, net_threads; /* started at construction */
     const uint8_t *tls_key; /* AMDT_TLS_KEY_LEN bytes: TLS on every data connection; NULL: plain */
-    int zerocopy; /* plain connections: payloads go out with sendfile() from the page cache */
+    int zerocopy; /* stage references, not bytes: sendfile() from the page cache (plain), or
+                   * re-read in pieces for TLS */
 } amdt_sender_cfg;
 
 typedef struct amdt_sender {
@@ -81,7 +82,8 @@ typedef struct amdt_sender {
     int sndbuf;
     amdt_tls *tls; /* NULL: plain connections */
     int zerocopy;  /* readers hash the chunk (pread into a small buffer) and stage a reference;
-                    * network threads send the payload with sendfile(). Off with TLS. */
+                    * network threads send the payload with sendfile() (plain) or read it again
+                    * in pieces and SSL_write() them (TLS). Off: the bytes are copied into slots. */
 
     pthread_mutex_t mu;
     pthread_cond_t cv_work; /* a file or a requeued chunk was added */
