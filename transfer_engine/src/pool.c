@@ -1,10 +1,6 @@
 /* Staging buffer of chunk slots (see pool.h). */
 #include "pool.h"
 
-#include <sys/mman.h>
-
-#define AMDT_HUGE (2u << 20)
-
 int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, int with_data, const int *stop)
 {
     memset(p, 0, sizeof(*p));
@@ -62,12 +58,6 @@ static amdt_slot *amdt_slot_new(size_t chunk_size, int with_data)
     s->fd = -1;
     if (!with_data)
         return s;
-    if (chunk_size % AMDT_HUGE == 0) {
-        if (posix_memalign((void **)&s->data, AMDT_HUGE, chunk_size) != 0)
-            goto error;
-        madvise(s->data, chunk_size, MADV_HUGEPAGE); /* best effort: 4 KiB pages otherwise */
-        return s;
-    }
     size_t bytes = (chunk_size + 4095) & ~(size_t)4095;
     if (posix_memalign((void **)&s->data, 4096, bytes) != 0)
         goto error;
