@@ -100,6 +100,10 @@ class Session:
         self.n_active = 0
         """Files open and registered with the engine now (kept as a count: the activation limit
         is checked once per file, and counting 20,000 files each time was quadratic)."""
+        self.files_completed = 0
+        """Files renamed into place (or created empty) by this session (for metrics)."""
+        self.chunks_missing = 0
+        """Chunks the sender was told to send again after a lost connection (for metrics)."""
 
     # ----------------------------------------------------------------- messages
     def handle(self, msg: Dict[str, Any]) -> Dict[str, Any]:
@@ -195,7 +199,7 @@ class Session:
         self.engine.set_threads(srv.clamp_threads(int(msg.get("write_threads", 1))))
         self.state = "open"
         return {"type": "opened", "data_port": self.engine.port, "chunk_size": chunk, "memory": memory,
-                "max_threads": srv.max_threads, "encrypted": encrypt}
+                "max_threads": srv.max_threads, "encrypted": encrypt, "runtime_throttle": True}
 
     def _manifest(self, msg):
         plan = []
@@ -304,6 +308,7 @@ class Session:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         _unlink(jname, dfd)
+        self.files_completed += 1
 
     def _activate(self, msg):
         out = []
@@ -398,6 +403,7 @@ class Session:
             os.fsync(dfd)
         del self.files[f.id]
         self.done.append(f.id)
+        self.files_completed += 1
 
     def _release(self, f: _File) -> None:
         self.server.unclaim(self, f)
@@ -417,6 +423,9 @@ class Session:
     def _poll(self, msg):
         if "write_threads" in msg and msg["write_threads"] is not None:
             self.engine.set_threads(self.server.clamp_threads(int(msg["write_threads"])))
+        if msg.get("write_throttle") is not None:  # a throttle schedule's entry became due
+            t, total = (max(0, int(x)) for x in msg["write_throttle"])
+            self.engine.set_throttle("write", t, total)
         self.pump()
         st = self.engine.stats()
         reply = {
@@ -437,6 +446,7 @@ class Session:
             f = self.files.get(int(fid))
             if f is not None and f.active:
                 out[str(f.id)] = [list(r) for r in self.engine.missing(f.id)]
+                self.chunks_missing += sum(-(-r[1] // self.chunk_size) for r in out[str(f.id)])
         return {"type": "missing", "files": out}
 
     def _fail(self, msg):
@@ -509,6 +519,8 @@ class Session:
         for f in list(self.files.values()):
             self._release(f)
         self.files.clear()
+        if self.server.metrics is not None:
+            self.server.metrics.session_closed(self)
         if self.engine is not None:
             self.engine.close()
             self.engine = None
@@ -570,7 +582,8 @@ class ReceiverServer:
 
     def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
                  max_threads: int = 64, max_memory: int = 1 << 30, idle_timeout_s: float = 60.0,
-                 max_files: int = 10_000_000, max_sessions: int = 16, encrypt: bool = False):
+                 max_files: int = 10_000_000, max_sessions: int = 16, encrypt: bool = False,
+                 metrics: Any = None):
         if not os.path.isdir(root):
             raise errors.AutomdtError(f"{root}: destination root is not a directory", errors.DIR_NOT_FOUND)
         if secret is None and not is_loopback(host):
@@ -601,6 +614,9 @@ class ReceiverServer:
         self._claims: Dict[Tuple[str, ...], Tuple[Session, _File]] = {}
         self.auth_failures = 0
         self.sessions_total = 0
+        self.busy_rejections = 0
+        self.metrics = metrics
+        """An :class:`automdt.metrics.ReceiverMetrics` to keep up to date, or None."""
         self._ctx = zmq.Context()
         self.sock = self._ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -651,6 +667,7 @@ class ReceiverServer:
         stop = stop or self._stop
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        next_metrics = 0.0
         while not stop.is_set():
             if poller.poll(20):
                 try:
@@ -674,6 +691,9 @@ class ReceiverServer:
                 if now - s.last_seen > limit:
                     log.warning("session %s idle for %.0f s: closed (partial files kept)", ident.hex()[:8], now - s.last_seen)
                     s.close()
+            if self.metrics is not None and now >= next_metrics:
+                next_metrics = now + 0.25
+                self.metrics.update(self)
         self._shutdown()
 
     def _dispatch(self, ident: bytes, data: bytes) -> None:
@@ -691,6 +711,7 @@ class ReceiverServer:
                     # unauthenticated peers never crowd out others: the oldest pending one goes
                     self._drop(min(pending, key=lambda x: x.last_seen).ident)
                 if len(self.sessions) - len(pending) >= self.max_sessions:
+                    self.busy_rejections += 1
                     raise SessionError(f"busy: {self.max_sessions} sessions already", errors.NETWORK)
                 s = self.sessions[ident] = Session(self, ident)
                 self.sessions_total += 1
