@@ -187,7 +187,7 @@ def perf_samples(data: str, pids: Optional[Sequence[int]] = None) -> Counter:
     for line in p.stdout.splitlines():
         if not line.strip():
             continue
-        if not line[0].isspace():
+        if not line.startswith("\t"):  # a sample's header ("  PID"), then its frames (tab first)
             flush()
             frames = []
             try:

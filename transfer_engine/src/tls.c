@@ -12,7 +12,6 @@ static const unsigned char amdt_suite_id[2] = {0x13, 0x01};
 static const char amdt_psk_identity[] = "automdt-data-1";
 #define AMDT_TLS_SUITES "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256"
 #define AMDT_TLS_MAX_WRITE (256 * 1024) /* progress is counted per write */
-#define AMDT_TLS_READ_BUF (256 * 1024)
 
 struct amdt_tls {
     SSL_CTX *ctx;
@@ -87,10 +86,8 @@ amdt_tls *amdt_tls_new(int server, const uint8_t *key, char *err, size_t errlen)
     if (server) {
         SSL_CTX_set_psk_find_session_callback(t->ctx, amdt_psk_find);
         SSL_CTX_set_num_tickets(t->ctx, 0); /* the sender never reads: no tickets to pile up */
-        /* Read ahead into a large buffer: one recv() brings several 16 KiB records instead of
-         * two recv() calls (header, then body) per record. */
-        SSL_CTX_set_read_ahead(t->ctx, 1);
-        SSL_CTX_set_default_read_buffer_len(t->ctx, AMDT_TLS_READ_BUF);
+        /* (Reading ahead into a large buffer measured slower: OpenSSL moves the partial
+         * record left at the end of it back to the start, a copy per buffer.) */
     } else {
         SSL_CTX_set_psk_use_session_callback(t->ctx, amdt_psk_use);
     }
