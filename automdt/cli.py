@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--verify", action="store_true",
                    help="afterwards compare every file's content digest on both ends (exit 11 on a difference)")
     t.add_argument("--bwlimit", metavar="RATE", help="cap the network stage at RATE bytes/s (same as --throttle net.total=RATE)")
+    t.add_argument("--no-history", action="store_true",
+                   help="neither start from nor record this job's history (where its last run settled; kept under "
+                        "$XDG_STATE_HOME/automdt/, default ~/.local/state/automdt/)")
     t.add_argument("--shard", metavar="I/N",
                    help="move only shard I of N (0..N-1) of SRC: a deterministic, size-balanced part, the same "
                         "on every node; each shard is its own job (lock, history, resume)")
@@ -225,6 +228,7 @@ def cmd_transfer(args) -> int:
                                  "put net.total= into the schedule's entries")
             args.throttle = ",".join(x for x in (args.throttle, f"net.total={args.bwlimit}") if x)
         policy, threads = _resolve_policy(args, args.max_threads)
+        explicit = threads if policy is not None and args.threads else None
         throttle, schedule = _throttle_option(args)
         opts = TransferOptions(
             policy=policy, threads=threads, memory=parse_size(args.memory, "memory"),
@@ -234,14 +238,44 @@ def cmd_transfer(args) -> int:
             max_duration_s=args.max_duration, fsync=args.fsync, chunk_retries=args.chunk_retries,
             timeout_s=args.timeout, sndbuf=parse_size(args.sndbuf, "sndbuf"), dry_run=args.dry_run,
             retries=max(0, args.retries), retry_sleep_s=max(0.0, args.retries_sleep),
-            verify=args.verify, encrypt=args.encrypt, shard=shard)
+            verify=args.verify, encrypt=args.encrypt, shard=shard, start_threads=explicit)
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
     _check_options(opts)
+    transfer = _with_history(args, run_transfer)
     if not args.metrics_file:
-        return _locked(args, lambda: _run_with_display(args, lambda o: run_transfer(args.src, args.dest, o), opts))
+        return _locked(args, lambda: _run_with_display(args, transfer, opts))
     return _with_metrics_file(args, lambda: _locked(
-        args, lambda: _run_with_display(args, lambda o: _keep(args, run_transfer(args.src, args.dest, o)), opts)))
+        args, lambda: _run_with_display(args, lambda o: _keep(args, transfer(o)), opts)))
+
+
+def _with_history(args, run_transfer):
+    """The transfer, with the job's history (:mod:`automdt.history`) read before and written after
+    (unless ``--no-history`` or ``--dry-run``); an unusable history file is one warning line. The
+    history is keyed like the job lock (SRC, DEST and ``--shard``)."""
+    if args.no_history or args.dry_run:
+        return lambda o: run_transfer(args.src, args.dest, o)
+
+    def run(opts):
+        from automdt import history
+        from automdt.lock import job_key
+
+        key = job_key(args.src, args.dest, getattr(args, "shard_parsed", None))
+        path = history.history_path(key)
+        rec, warning = history.load(path)
+        if warning:
+            log.warning("%s", warning)
+        if opts.policy is not None:
+            opts.history = rec
+        summary = run_transfer(args.src, args.dest, opts)
+        name = getattr(opts.policy, "name", None) or "static:%d,%d,%d" % tuple(opts.threads)
+        failed = history.update(path, summary.history, previous=rec, policy=name, max_threads=opts.max_threads,
+                                job=key, src=os.path.abspath(args.src), dest=args.dest)
+        if failed and not warning:  # one line per run: an unreadable file is usually unwritable too
+            log.warning("%s", failed)
+        return summary
+
+    return run
 
 
 def _keep(args, summary):
@@ -525,6 +559,11 @@ def cmd_train(args) -> int:
     if not os.path.isdir(out_dir):
         raise AutomdtError(f"{out_dir}: output directory does not exist", errors.USAGE)
     if args.tensorboard:
+        try:
+            import tensorboard  # noqa: F401  (SB3 writes through torch's SummaryWriter, which needs it)
+        except ImportError:
+            raise AutomdtError("--tensorboard needs the tensorboard package (pip install 'automdt[sweeps]')",
+                               errors.USAGE) from None
         try:
             os.makedirs(args.tensorboard, exist_ok=True)
         except OSError as e:

@@ -640,6 +640,9 @@ class ReceiverServer:
             raise errors.AutomdtError(f"cannot listen on {host}:{port}: {e.strerror}", errors.USAGE) from None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        # stop() writes a byte here so that serve_forever's poll returns at once, not on its timeout
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
 
     def claim(self, session: "Session", f: _File) -> None:
         """Make ``session`` the only writer of ``f``'s destination. Another session that still
@@ -667,12 +670,17 @@ class ReceiverServer:
         stop = stop or self._stop
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        poller.register(self._wake_r.fileno(), zmq.POLLIN)
         next_metrics = 0.0
         while not stop.is_set():
             if poller.poll(20):
                 try:
                     frames = self.sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
+                except zmq.Again:  # the wake-up from stop(): drain it (never spin on a readable fd)
+                    try:
+                        self._wake_r.recv(64)
+                    except OSError:
+                        pass
                     continue
                 if len(frames) != 2:
                     continue
@@ -756,6 +764,10 @@ class ReceiverServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -765,3 +777,5 @@ class ReceiverServer:
         self.sessions.clear()
         self.sock.close(0)
         self._ctx.term()
+        self._wake_r.close()
+        self._wake_w.close()

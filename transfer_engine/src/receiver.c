@@ -739,10 +739,11 @@ void amdt_receiver_close(amdt_receiver *r)
         return;
     r->closed = 1;
     amdt_set_stop(&r->stop);
-    /* The accept thread first, so no receiving thread starts after the join below. Shutting
-     * the listening socket down wakes its poll() at once (Linux) instead of at its timeout. */
+    /* Wake the accept thread's poll() now instead of at its next timeout (AMDT_WAIT_MS): on
+     * Linux, shutdown() of a listening socket makes a waiting poll() return and accept() fail. */
     if (r->lsock >= 0)
         shutdown(r->lsock, SHUT_RDWR);
+    /* The accept thread first, so no receiving thread starts after the join below. */
     if (r->accept_started) {
         pthread_join(r->accept_tid, NULL);
         r->accept_started = 0;
