@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import stat
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -545,6 +546,11 @@ def _missing_ranges(done: List[int], nchunks: int, cs: int, size: int) -> List[L
     return out
 
 
+def _trim_slot_cache() -> None:
+    if "automdt.transfer_engine" in sys.modules:  # only once an engine ran (never imports it)
+        sys.modules["automdt.transfer_engine"].trim_cache(60.0)
+
+
 def _create(name: str, dfd: int, flags: int) -> int:
     """Create ``name`` (0600, O_EXCL) in ``dfd``; whatever already has that name (a stale partial,
     a planted symlink or hard link) is unlinked first and never opened."""
@@ -671,7 +677,7 @@ class ReceiverServer:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self._wake_r.fileno(), zmq.POLLIN)
-        next_metrics = 0.0
+        next_metrics = next_trim = 0.0
         while not stop.is_set():
             if poller.poll(20):
                 try:
@@ -702,6 +708,9 @@ class ReceiverServer:
             if self.metrics is not None and now >= next_metrics:
                 next_metrics = now + 0.25
                 self.metrics.update(self)
+            if not self.sessions and now >= next_trim:
+                next_trim = now + 5.0
+                _trim_slot_cache()  # idle: the slot memory a closed session left goes back after 60 s
         self._shutdown()
 
     def _dispatch(self, ident: bytes, data: bytes) -> None:

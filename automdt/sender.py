@@ -496,6 +496,7 @@ class _Transfer:
             # poll every 2 ms at first, easing to every 20 ms within 0.2 s: a small transfer ends
             # (and the next run starts) without waiting out fixed 20 ms pauses
             time.sleep(min(0.02, 0.002 + 0.1 * (now - loop_start)))
+        ctrl.tick(self.engine.stats(), self.receiver_stats, time.monotonic(), final=True)  # the last, partial interval
 
     def _start(self) -> Dict[str, Any]:
         """The controller's ``start`` and ``bound`` (:mod:`automdt.start`): the dataset bound counts

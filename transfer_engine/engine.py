@@ -32,6 +32,7 @@ __all__ = [
     "TLS_KEY_LEN",
     "CHUNK_SIZE_MAX",
     "frame_hash",
+    "trim_cache",
 ]
 
 TOKEN_LEN: int = _engine.TOKEN_LEN
@@ -48,6 +49,16 @@ def frame_mix(file_id: int, offset: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
     return z ^ (z >> 31)
+
+
+def trim_cache(max_age_s: float = 0.0) -> None:
+    """Free the staging-slot memory that closed engines left for the next one, if it was kept
+    ``max_age_s`` seconds or longer (0: now). Closed engines keep up to the largest buffer
+    they used (at most 1 GiB) for 60 s, so that the next engine of a long-running process (a
+    receiving daemon's next session) does not fault fresh memory in; this hands it back sooner."""
+    if not isinstance(max_age_s, (int, float)) or isinstance(max_age_s, bool) or max_age_s < 0:
+        raise ValueError(f"max_age_s must be a number >= 0, got {max_age_s!r}")
+    _engine.trim_cache(float(max_age_s))
 
 
 def frame_hash(payload: bytes, file_id: int, offset: int) -> int:

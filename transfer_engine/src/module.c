@@ -826,7 +826,30 @@ static PyObject *amdt_py_hash64(PyObject *mod, PyObject *args)
     return PyLong_FromUnsignedLongLong(h);
 }
 
+static PyObject *amdt_py_trim_cache(PyObject *mod, PyObject *args)
+{
+    double max_age_s = 0.0;
+    if (!PyArg_ParseTuple(args, "|d", &max_age_s))
+        return NULL;
+    if (!(max_age_s >= 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "max_age_s must be >= 0");
+        return NULL;
+    }
+    amdt_pool_trim_cache((uint64_t)(max_age_s * 1e9));
+    Py_RETURN_NONE;
+}
+
+static PyObject *amdt_py_cached_bytes(PyObject *mod, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromSize_t(amdt_pool_cached_bytes());
+}
+
 static PyMethodDef amdt_module_methods[] = {
+    {"cached_bytes", amdt_py_cached_bytes, METH_NOARGS,
+     "cached_bytes() -> slot memory kept for the next engine now (see trim_cache)"},
+    {"trim_cache", amdt_py_trim_cache, METH_VARARGS,
+     "trim_cache(max_age_s=0.0): free the slot memory kept between engines (closed engines "
+     "leave it for the next one) if it was kept that long"},
     {"hash64", amdt_py_hash64, METH_VARARGS,
      "hash64(data, impl='') -> XXH3_64bits(data) with the engine's implementation "
      "(or 'libxxhash' / 'xxh3-avx2')"},

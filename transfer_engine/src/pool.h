@@ -80,5 +80,9 @@ amdt_slot *amdt_pool_pop(amdt_pool *p, unsigned wait_ms);
 /* Wake every waiter (stop, thread-count changes). */
 void amdt_pool_wake(amdt_pool *p);
 void amdt_pool_get_stats(amdt_pool *p, amdt_pool_stats *out);
+/* Free the slot memory kept between pools (see pool.c) if it was kept max_age_ns or longer
+ * (0: now). */
+void amdt_pool_trim_cache(uint64_t max_age_ns);
+size_t amdt_pool_cached_bytes(void);
 
 #endif /* AMDT_POOL_H */

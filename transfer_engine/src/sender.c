@@ -502,7 +502,8 @@ static int amdt_read_chunk(amdt_sender *s, const amdt_ticket *t, amdt_slot *slot
             snprintf(msg, sizeof(msg), "open: %s", amdt_strerror(err, ebuf, sizeof(ebuf)));
             goto fail;
         }
-        posix_fadvise(nfd, 0, 0, POSIX_FADV_SEQUENTIAL); /* a larger read-ahead on disks */
+        if (f->size > 8 * AMDT_PIECE)
+            posix_fadvise(nfd, 0, 0, POSIX_FADV_SEQUENTIAL); /* a larger read-ahead on disks */
         pthread_mutex_lock(&s->mu);
         if (f->fd < 0) {
             f->fd = nfd;
