@@ -18,6 +18,9 @@ MAX_COMPONENT_BYTES = 255
 MAX_PATH_BYTES = 4096
 TEMP_PREFIX = ".amdt-"
 """Temporary and journal files of partial transfers start with this; senders may not use it."""
+SCRATCH_PREFIX = ".automdt-explore-scratch"
+"""``automdt explore`` copies data again into directories named so; a receiver removes a session's
+scratch directory when the session closes."""
 
 
 class UnsafePath(ValueError):

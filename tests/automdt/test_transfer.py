@@ -363,4 +363,10 @@ def test_demo_and_default_policy_transfer(tmp_path):
                capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr
     assert "transferred" in p.stdout and "exit 0" in p.stdout
+    n = int(p.stdout.split("sample dataset: ")[1].split(" files")[0])
+    assert f"verified: {n} of {n} files identical" in p.stdout
+    assert not d.exists(), "the demo leaves nothing behind without --keep"  # (make demo left 2.1 GB)
+    p = sp.run([sys.executable, "-m", "automdt", "demo", "--dir", str(d), "--size", "2Mi", "--threads", "2,2,2",
+                "--keep"], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
     assert same(str(d / "src"), str(d / "dst"))[0]

@@ -1,0 +1,97 @@
+"""SIGINT/SIGTERM: stop once, cleanly, whatever else arrives.
+
+The first signal raises :class:`~automdt.errors.Interrupted` (code 128 + signal number) in the
+main thread, unless the code there is inside :func:`shielded` (shutting down: closing the
+engine, telling the receiver, writing the summary). Every later signal, and one that arrives
+while shielded, is only recorded: :func:`pending` reports it, and the run's exit code becomes
+130/143 once its shutdown is done. So Ctrl-C twice, or Ctrl-C then the SIGTERM of ``timeout``,
+never interrupts a shutdown half-way.
+
+The CLI installs the handlers for the whole command (:func:`handling` in ``main``);
+:func:`automdt.sender.run_transfer` installs them for the length of a transfer when called from
+Python (in the main thread only; elsewhere signals are left alone).
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Dict, Iterator, Optional
+
+from automdt.errors import Interrupted
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _State:
+    def __init__(self) -> None:
+        self.code: Optional[int] = None
+        """130/143 of the first signal since the handlers were installed."""
+        self.delivered = False
+        """An :class:`Interrupted` was raised for it."""
+        self.count = 0
+        self.shield = 0
+        self.depth = 0
+        self.old: Dict[int, object] = {}
+
+
+_state = _State()
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _handler(signum: int, frame) -> None:
+    s = _state
+    s.count += 1
+    if s.code is None:
+        s.code = 128 + signum
+    if not s.delivered and s.shield == 0:
+        s.delivered = True
+        raise Interrupted(s.code)
+
+
+@contextmanager
+def handling() -> Iterator[None]:
+    """Install the handlers for the duration (nests; outside the main thread: does nothing)."""
+    if not _main_thread():
+        yield
+        return
+    if _state.depth == 0:
+        _state.code, _state.delivered, _state.count, _state.shield = None, False, 0, 0
+        _state.old = {s: signal.signal(s, _handler) for s in SIGNALS}
+    _state.depth += 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+        if _state.depth == 0:
+            for s, h in _state.old.items():
+                signal.signal(s, h)  # type: ignore[arg-type]
+            _state.old = {}
+
+
+@contextmanager
+def shielded() -> Iterator[None]:
+    """A region no signal interrupts (signals are recorded; see :func:`pending`)."""
+    main = _main_thread()
+    if main:
+        _state.shield += 1
+    try:
+        yield
+    finally:
+        if main:
+            _state.shield -= 1
+
+
+def pending() -> Optional[int]:
+    """130/143 if a signal arrived since the handlers were installed (else None)."""
+    return _state.code if _state.depth else None
+
+
+def check() -> None:
+    """Raise :class:`Interrupted` for a signal that arrived while shielded and was not raised yet."""
+    if _state.depth and _state.code is not None and not _state.delivered and _main_thread():
+        _state.delivered = True
+        raise Interrupted(_state.code)
