@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import re
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -127,10 +128,13 @@ class Summary:
     """With ``--dry-run``: the files that would be sent (first 1000)."""
     history: List[Dict[str, Any]] = field(default_factory=list, repr=False)
     """The controller's interval records (not part of the JSON summary)."""
+    retryable: bool = field(default=True, repr=False)
+    """A network failure worth retrying (not part of the JSON summary)."""
 
     def as_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
         d.pop("history", None)
+        d.pop("retryable", None)
         for k in ("dry_run_files", "verified", "differences", "unreadable"):
             if d[k] is None:
                 d.pop(k)
@@ -207,7 +211,7 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
                 summary = _run_once(src, dest, opts)
                 moved += summary.bytes
                 resent += summary.chunks_resent
-                if summary.exit_code != errors.NETWORK or attempt >= opts.retries:
+                if summary.exit_code != errors.NETWORK or attempt >= opts.retries or not summary.retryable:
                     break
                 attempt += 1
                 log.warning("%s; retry %d of %d in %.0f s", summary.errors[-1] if summary.errors else "network error",
@@ -340,16 +344,47 @@ class _Transfer:
         except AutomdtError:
             pass
 
+    def _probe(self) -> None:
+        """Fail at once when nothing listens at the receiver's address (ZeroMQ would retry the
+        connection silently until the hello times out). A refused connection on loopback is not
+        retried: no receiver runs on this machine."""
+        try:
+            mech = protocol.probe_mechanism(self.host, self.port, min(self.o.timeout_s, 10))
+        except OSError as e:
+            if isinstance(e, ConnectionRefusedError) and _is_loopback(self.host):
+                self.summary.retryable = False
+            why = "connection refused" if isinstance(e, ConnectionRefusedError) else \
+                "no answer" if isinstance(e, socket.timeout) else (e.strerror or str(e)).lower()
+            raise AutomdtError(f"receiver {self.host}:{self.port} unreachable ({why}; is `automdt receive` "
+                               "running there?)", errors.NETWORK) from None
+        if mech is None:  # a live receiver's I/O thread answers at once, however busy it is
+            raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (it accepted the connection but sent "
+                               f"no greeting within {min(self.o.timeout_s, 10):.0f} s: stopped, or not an automdt "
+                               "receiver)", errors.NETWORK)
+        if mech in ("NULL", "CURVE") and (mech == "CURVE") != self.o.encrypt:
+            why = "it does not use --encrypt (this sender does)" if self.o.encrypt else \
+                "it requires --encrypt (this sender does not use it)"
+            raise AutomdtError(f"receiver {self.host}:{self.port} refuses this control channel: {why}", errors.FATAL)
+
     def _handshake(self) -> None:
+        self._probe()
         cn = protocol.nonce()
         try:
             ch = self.ctl.request({"type": "hello", "version": protocol.VERSION, "nonce": cn},
                                   timeout_s=min(self.o.timeout_s, 10))
+        except protocol.HandshakeFailed as e:
+            if e.mismatch:
+                why = "it does not use --encrypt (this sender does)" if self.o.encrypt else \
+                    "it requires --encrypt (this sender does not use it)"
+                raise AutomdtError(f"receiver {self.host}:{self.port} refuses this control channel: {why}",
+                                   errors.FATAL) from None
+            raise AutomdtError(f"receiver {self.host}:{self.port} refused the encrypted control channel: "
+                               "the shared secret differs", errors.FATAL) from None
         except AutomdtError as e:
             if e.code == errors.NETWORK:
-                why = "its --encrypt setting or secret differs" if self.o.encrypt else "it requires --encrypt"
-                raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (no answer to hello: not running, "
-                                   f"or {why})", errors.NETWORK) from None
+                why = "its secret differs, or it is overloaded" if self.o.encrypt else "it is overloaded"
+                raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (no answer to hello: {why})",
+                                   errors.NETWORK) from None
             raise
         sn = str(ch.get("nonce", ""))
         if ch.get("auth") and not self.secret:
@@ -360,6 +395,7 @@ class _Transfer:
         if self.secret:
             req["mac"] = protocol.mac(self.secret, "client", sn, cn)
         w = self.ctl.request(req)
+        self.ctl.stop_monitor()
         if self.secret:
             import hmac as _hmac
 
@@ -605,6 +641,15 @@ class _Transfer:
             for off, ln in ranges:
                 for o in range(off, off + ln, cs):
                     self.engine.requeue(fid, o, min(cs, off + ln - o))
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def source_error_code(err: int) -> int:
