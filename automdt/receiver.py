@@ -239,6 +239,8 @@ class Session:
                 self._file_error([fid, code, f"{f.path}: {ex.strerror}"])
                 if code == errors.FATAL:
                     raise SessionError(f"{f.path}: {ex.strerror}", code)
+            if action == "done":
+                self.files_done += 1
             if action == "send" and not self.dry_run:
                 self.files[fid] = f
                 self.bytes_needed += size - self._partial_bytes(f)
