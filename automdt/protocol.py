@@ -82,14 +82,30 @@ def curve_server_keys(secret: bytes) -> "tuple[bytes, bytes]":
 
 
 def read_secret(path: str) -> bytes:
-    """Read a shared-secret file (surrounding whitespace ignored; must not be empty)."""
+    """Read a shared-secret file (surrounding whitespace ignored; must not be empty).
+
+    Refused when others may read or anyone but its owner may change it (any ``o`` bit, or
+    ``g+w``; mode 600, or 640 for a service group, are fine), as ssh and PostgreSQL refuse keys.
+    """
+    import stat
+
     try:
         with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise AutomdtError(f"{path}: secret file is not a regular file", errors.USAGE)
             secret = f.read().strip()
     except FileNotFoundError:
         raise AutomdtError(f"{path}: secret file not found", errors.USAGE) from None
     except PermissionError:
         raise AutomdtError(f"{path}: secret file not readable", errors.USAGE) from None
+    except IsADirectoryError:
+        raise AutomdtError(f"{path}: secret file is a directory", errors.USAGE) from None
+    except OSError as e:
+        raise AutomdtError(f"{path}: secret file: {e.strerror}", errors.USAGE) from None
+    if st.st_mode & 0o027:
+        raise AutomdtError(f"{path}: secret file is open to others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                           f"chmod 600 {path} (or 640 for a group)", errors.USAGE)
     if not secret:
         raise AutomdtError(f"{path}: secret file is empty", errors.USAGE)
     return secret

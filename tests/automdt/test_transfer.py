@@ -162,6 +162,7 @@ def receiver_proc(tmp_path):
     root.mkdir()
     secret = tmp_path / "secret"
     secret.write_text("s3cret-for-tests\n")
+    secret.chmod(0o600)  # a secret open to others is refused
 
     def start(port=0):
         import socket

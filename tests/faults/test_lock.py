@@ -48,6 +48,7 @@ def test_default_lock_for_a_remote_job_second_run_exits_13_within_a_second(make_
     root.mkdir()
     secret = tmp_path / "secret"
     secret.write_text("lock-secret\n")
+    secret.chmod(0o600)  # a secret open to others is refused
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
     env = dict(os.environ, XDG_RUNTIME_DIR=str(run_dir))  # the default lock lives here
