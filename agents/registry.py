@@ -136,6 +136,45 @@ def _load_external(raw: str, max_threads: int, **kw: Any) -> Policy:
     return pol
 
 
+def check_spec(spec: str) -> None:
+    """Raise ``ValueError`` for a spec :func:`make_policy` would refuse, without loading anything
+    heavy: names and forms are checked, a policy file must exist, a ``MODULE:FACTORY`` module is
+    imported. (``make_policy`` may still fail on a file's content.)"""
+    import os
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise _unknown(str(spec))
+    raw = spec.strip()
+    key = _ALIASES.get(raw.lower(), raw.lower())
+    if key.startswith("static:") or key == "static":
+        parse_static(raw, max_threads=1 << 30)
+        return
+    if key in _FACTORIES or key in ("ppo", "oracle"):
+        return
+    path = raw[len("ppo:"):].strip() if key.startswith("ppo:") else raw if key.endswith(".zip") else None
+    if path is not None:
+        if not path:
+            raise ValueError("ppo policy spec 'ppo:PATH' needs a path")
+        if not os.path.isfile(path):
+            raise ValueError(f"policy file {path} not found" if not os.path.exists(path) else
+                             f"policy file {path} is not a regular file")
+        return
+    m = _MODULE_SPEC.match(raw)
+    if m is None:
+        raise _unknown(raw)
+    try:
+        mod = importlib.import_module(m.group(1))
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and m.group(1).startswith(exc.name):
+            raise ValueError(f"policy {raw!r}: no module {m.group(1)!r} (install it or put it on PYTHONPATH)") from None
+        raise
+    obj: Any = mod
+    for part in m.group(2).split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"policy {raw!r}: module {m.group(1)!r} has no {m.group(2)!r}")
+        obj = getattr(obj, part)
+
+
 def make_policy(spec: str, max_threads: int, **kw: Any) -> Policy:
     """Build the policy named by ``spec`` for a transfer with at most ``max_threads`` per stage.
 

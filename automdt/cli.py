@@ -294,6 +294,26 @@ def _resolve_policy(args, max_threads: int):
     return pol, start
 
 
+def _check_policy(args) -> None:
+    """The --policy spec, checked before the lock and any work (loading it comes after the lock)."""
+    spec = getattr(args, "policy", None)
+    if spec is None:
+        return
+    if spec.strip().lower() == "oracle":
+        raise AutomdtError("policy 'oracle' needs the path's true profile, so it runs only in the simulator "
+                           "(automdt simulate --policy oracle)", errors.USAGE)
+    try:
+        from automdt.agents.registry import check_spec
+    except ImportError:
+        if not spec.startswith("static:"):
+            raise AutomdtError(f"policy {spec!r}: only static:R,N,W is available in this build", errors.USAGE) from None
+        return
+    try:
+        check_spec(spec)
+    except (ValueError, TypeError, ImportError, OSError) as e:
+        raise _policy_error(e) from None
+
+
 def _transfer_options(args):
     """TransferOptions from the command line, every value checked (exit 2), nothing started."""
     from automdt.protocol import read_secret
@@ -373,6 +393,7 @@ def cmd_transfer(args) -> int:
     opts.checksum, opts.max_duration_s, opts.fsync = args.checksum, args.max_duration, args.fsync
     opts.chunk_retries, opts.timeout_s, opts.dry_run = args.chunk_retries, args.timeout, args.dry_run
     opts.retries, opts.retry_sleep_s, opts.verify = args.retries, args.retries_sleep, args.verify
+    _check_policy(args)
     _check_summary_file(args)
     # From here on the run always ends with a summary (--json, --summary-file), whatever ends it.
     try:
@@ -476,6 +497,8 @@ def cmd_receive(args) -> int:
 
     host, port = parse_hostport(args.listen)
     max_memory = parse_size(args.max_memory, "memory")
+    if os.path.exists(args.root) and not os.path.isdir(args.root):
+        raise AutomdtError(f"--root {args.root}: not a directory", errors.USAGE)
     secret = read_secret(args.secret_file) if args.secret_file else None
     server = ReceiverServer(args.root, host, port, secret=secret, max_threads=args.max_threads,
                             max_memory=max_memory, idle_timeout_s=args.idle_timeout, encrypt=args.encrypt)

@@ -271,6 +271,7 @@ class Session:
         free = st.f_bavail * st.f_frsize
         if self.bytes_needed > free * 1.0 + 0:
             need = self.bytes_needed
+            self.root.remove_created()  # no empty tree left behind by a refused transfer
             raise SessionError(f"not enough space: destination {self.server.root} has {free} bytes free, "
                                f"the transfer needs up to {need}", errors.FATAL)
 
