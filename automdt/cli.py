@@ -393,14 +393,19 @@ def cmd_transfer(args) -> int:
     opts.checksum, opts.max_duration_s, opts.fsync = args.checksum, args.max_duration, args.fsync
     opts.chunk_retries, opts.timeout_s, opts.dry_run = args.chunk_retries, args.timeout, args.dry_run
     opts.retries, opts.retry_sleep_s, opts.verify = args.retries, args.retries_sleep, args.verify
+    if args.no_lock and args.lock_file:
+        raise AutomdtError("--no-lock and --lock-file contradict each other", errors.USAGE)
     _check_policy(args)
     _check_summary_file(args)
     # From here on the run always ends with a summary (--json, --summary-file), whatever ends it.
+    lock = _Lock(args)
     try:
-        with _Lock(args):
+        with lock:
             opts.policy, opts.threads = _resolve_policy(args, args.max_threads)
             summary = _run_with_display(args, lambda o: run_transfer(args.src, args.dest, o), opts)
     except AutomdtError as e:
+        if e.code == errors.USAGE and lock.lock is None and not args.no_lock:
+            raise  # the lock file itself is unusable: a usage error, before anything started
         summary = Summary(exit_code=e.code, errors=[e.message])
         log.error("%s (exit %d)", e.message, e.code, extra=FILE_ONLY)  # stderr gets it from the summary
     except Interrupted as e:
@@ -668,6 +673,9 @@ def _estimate(st: dict, key: str, fmt) -> str:
 
 def cmd_train(args) -> int:
     profile = _load_profile(args.profile) if args.profile else None
+    if os.path.isdir(args.output):
+        raise AutomdtError(f"-o {args.output}: is a directory (name the policy file, e.g. {args.output.rstrip('/')}/policy.zip)",
+                           errors.USAGE)
     out = args.output if args.output.endswith(".zip") else args.output + ".zip"
     for path, what in ((out, "-o"), (out + ".json", "-o (sidecar)")):
         A.check_output_file(path, what)
@@ -679,8 +687,8 @@ def cmd_train(args) -> int:
     _out(f"policy written to {rep.model_path} ({rep.timesteps} steps in {rep.wall_s:.0f} s); "
          f"{rep.fraction_of_oracle:.1%} of the oracle's utility; curve {rep.curve_png}")
     if not rep.reached_target:
-        why = {"max_seconds": f"--max-seconds {args.max_seconds:g} ran out",
-               "timesteps": "--timesteps ran out"}.get(rep.stop_reason, rep.stop_reason)
+        why = (f"--max-seconds {args.max_seconds:g} ran out" if rep.stop_reason == "max_seconds" else
+               "the step budget (--timesteps) ran out" if rep.stop_reason == "timesteps" else str(rep.stop_reason))
         print(f"automdt: target missed: {rep.fraction_of_oracle:.3f} of the oracle, below --target {args.target:g} "
               f"({why}); the policy is written, train longer for a better one", file=sys.stderr)
         _out(f"target {args.target:g} NOT reached ({rep.fraction_of_oracle:.3f}; {why})")
@@ -688,6 +696,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_simulate(args) -> int:
+    if args.policy.strip().lower() != "oracle":
+        _check_policy(args)
     profile = _load_profile(args.profile)
     from automdt.agents.registry import make_policy
     from automdt.simulator.oracle import evaluate_policy_in_sim, oracle

@@ -247,6 +247,8 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
     if remote is None:
         from automdt.receiver import ReceiverServer
 
+        if opts.verify_only and not os.path.isdir(where):  # verify compares; it never creates
+            raise AutomdtError(f"{where}: destination not found", errors.DIR_NOT_FOUND)
         try:
             os.makedirs(where, exist_ok=True)
         except OSError as e:
