@@ -389,6 +389,7 @@ class _Lock:
 def cmd_transfer(args) -> int:
     from automdt.sender import Summary, run_transfer
 
+    # (still in main's start-up shield: checking the options takes milliseconds)
     opts = _transfer_options(args)
     opts.checksum, opts.max_duration_s, opts.fsync = args.checksum, args.max_duration, args.fsync
     opts.chunk_retries, opts.timeout_s, opts.dry_run = args.chunk_retries, args.timeout, args.dry_run
@@ -400,6 +401,7 @@ def cmd_transfer(args) -> int:
     # From here on the run always ends with a summary (--json, --summary-file), whatever ends it.
     lock = _Lock(args)
     try:
+        interrupts.ready()
         with lock:
             opts.policy, opts.threads = _resolve_policy(args, args.max_threads)
             summary = _run_with_display(args, lambda o: run_transfer(args.src, args.dest, o), opts)
@@ -409,9 +411,9 @@ def cmd_transfer(args) -> int:
         summary = Summary(exit_code=e.code, errors=[e.message])
         log.error("%s (exit %d)", e.message, e.code, extra=FILE_ONLY)  # stderr gets it from the summary
     except Interrupted as e:
-        from automdt.sender import INTERRUPTED_MESSAGE
+        from automdt.sender import interrupted
 
-        summary = Summary(exit_code=e.code, errors=[INTERRUPTED_MESSAGE])
+        summary = Summary(exit_code=e.code, errors=[interrupted(e.code)])
     with interrupts.shielded():
         _report(summary, args)
     return summary.exit_code
@@ -784,7 +786,8 @@ class _Logging:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    with interrupts.handling():
+    # a signal during the start-up is acted on once the command can report it (interrupts.ready)
+    with interrupts.handling(start_shielded=True):
         try:
             args = parser.parse_args(argv)
         except SystemExit as e:  # --help, --version, or a usage error (already printed, one line)
@@ -802,6 +805,8 @@ def _run_command(args) -> int:
     logs = None
     try:
         logs = _Logging(args).__enter__()
+        if args.command != "transfer":  # (transfer acts on it where it can still write its summary)
+            interrupts.ready()
         code = COMMANDS[args.command](args)
         logs.to_file(logging.INFO if code == 0 else logging.WARNING, f"{args.command} finished with exit code {code}")
         return code

@@ -31,6 +31,7 @@ class _State:
         """An :class:`Interrupted` was raised for it."""
         self.count = 0
         self.shield = 0
+        self.startup = False
         self.depth = 0
         self.old: Dict[int, object] = {}
 
@@ -53,13 +54,20 @@ def _handler(signum: int, frame) -> None:
 
 
 @contextmanager
-def handling() -> Iterator[None]:
-    """Install the handlers for the duration (nests; outside the main thread: does nothing)."""
+def handling(start_shielded: bool = False) -> Iterator[None]:
+    """Install the handlers for the duration (nests; outside the main thread: does nothing).
+
+    With ``start_shielded`` (the CLI's start-up) the handlers begin shielded, so a signal that
+    arrives while the command line is parsed and checked is only recorded, until :func:`ready`
+    says the command can report it (a transfer: once its summary can be written).
+    """
     if not _main_thread():
         yield
         return
     if _state.depth == 0:
-        _state.code, _state.delivered, _state.count, _state.shield = None, False, 0, 0
+        _state.code, _state.delivered, _state.count = None, False, 0
+        _state.startup = start_shielded
+        _state.shield += int(start_shielded)  # before the handlers exist: no gap
         _state.old = {s: signal.signal(s, _handler) for s in SIGNALS}
     _state.depth += 1
     try:
@@ -70,6 +78,17 @@ def handling() -> Iterator[None]:
             for s, h in _state.old.items():
                 signal.signal(s, h)  # type: ignore[arg-type]
             _state.old = {}
+            if _state.startup:
+                _state.shield -= 1
+                _state.startup = False
+
+
+def ready() -> None:
+    """End the start-up shield of :func:`handling` and act on a signal that arrived during it."""
+    if _main_thread() and _state.startup:
+        _state.startup = False
+        _state.shield -= 1
+    check()
 
 
 @contextmanager

@@ -192,7 +192,10 @@ def check_dest(dest: str) -> None:
 Stop = Interrupted
 """Raised in the main thread by the first SIGINT/SIGTERM (:mod:`automdt.interrupts`)."""
 
-INTERRUPTED_MESSAGE = "interrupted: partial files and journals kept; re-run to resume"
+def interrupted(code: int) -> str:
+    """The summary's error line for an interrupt (130: SIGINT, 143: SIGTERM)."""
+    name = {130: "SIGINT", 143: "SIGTERM"}.get(code, f"signal {code - 128}")
+    return f"interrupted by {name}: partial files and journals kept; re-run to resume"
 
 
 def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
@@ -219,12 +222,11 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
                 time.sleep(opts.retry_sleep_s)
         except Interrupted as e:  # before or between the attempts' own handling (scan, start-up, retry pause)
             summary.exit_code = e.code
-            summary.errors.append(INTERRUPTED_MESSAGE)
-        code = interrupts.pending()
-        if code is not None and summary.exit_code != code:  # e.g. a signal during a shielded shutdown
+        code = interrupts.pending() or (summary.exit_code if summary.exit_code in (130, 143) else None)
+        if code is not None:  # also a signal that arrived during a (shielded) shutdown
             summary.exit_code = code
-            if INTERRUPTED_MESSAGE not in summary.errors:
-                summary.errors.append(INTERRUPTED_MESSAGE)
+            if not any(e.startswith("interrupted") for e in summary.errors):
+                summary.errors.append(interrupted(code))
     summary.bytes, summary.chunks_resent, summary.attempts = moved, resent, attempt + 1
     summary.seconds = time.monotonic() - t0
     return summary
@@ -313,7 +315,7 @@ class _Transfer:
                     self._verify()
             except Interrupted as s:
                 self.codes.append(s.code)
-                self.summary.errors.append(INTERRUPTED_MESSAGE)
+                self.summary.errors.append(interrupted(s.code))
             except AutomdtError as e:
                 if not self.summary.errors or self.summary.errors[-1] != e.message:
                     self.summary.errors.append(e.message)
