@@ -114,6 +114,7 @@ def scan(src: str) -> Manifest:
 
     root = os.path.abspath(src)
     stack = [("", root)]
+    unlisted: set = set()
     while stack:
         rel, path = stack.pop()
         try:
@@ -124,6 +125,7 @@ def scan(src: str) -> Manifest:
                 raise AutomdtError(f"{src}: cannot list the source directory: {_why(e)}", errors.FILES_FAILED) from None
             unreadable.append((rel, f"cannot list directory: {_why(e)}; nothing in it was transferred",
                                _unreadable_code(e)))
+            unlisted.add(rel)  # not created empty on the destination either
             continue
         subdirs = []
         for e in entries:
@@ -152,6 +154,8 @@ def scan(src: str) -> Manifest:
         stack.extend(reversed(subdirs))
     for name, why in skipped:
         log.warning("skipping %s: %s", name, why)
+    if unlisted:
+        dirs = [d for d in dirs if d not in unlisted]
     return Manifest(files, dirs, skipped, unreadable)
 
 
