@@ -46,7 +46,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--throttle", metavar="SPEC", default="",
                    help="emulated bottlenecks: comma list of read.thread=, net.thread=, write.thread=, "
                         "read.total=, net.total=, write.total= in bytes/s with K/M/G (powers of 1000); "
-                        "0 means no limit")
+                        "@FILE: a schedule, a YAML list of {at: SECONDS, throttle: SPEC} entries applied "
+                        "at their times (an empty SPEC lifts every limit); 0 means no limit")
     p.add_argument("--secret-file", metavar="F", type=A.nonempty,
                    help="file holding the shared secret; both ends must prove it (keep it mode 600)")
     p.add_argument("--encrypt", action="store_true",
@@ -318,16 +319,20 @@ def _transfer_options(args):
     """TransferOptions from the command line, every value checked (exit 2), nothing started."""
     from automdt.protocol import read_secret
     from automdt.sender import TransferOptions, check_dest
-    from automdt.units import parse_size, parse_throttle, parse_threads
+    from automdt.units import parse_size, parse_threads
 
     try:
-        throttle = args.throttle
+        spec = args.throttle
         if getattr(args, "bwlimit", None):
-            throttle = ",".join(x for x in (throttle, f"net.total={args.bwlimit}") if x)
+            if spec.strip().startswith("@"):
+                raise ValueError("--bwlimit cannot be combined with a throttle schedule (--throttle @FILE): "
+                                 "put net.total= into the schedule's entries")
+            spec = ",".join(x for x in (spec, f"net.total={args.bwlimit}") if x)
+        throttle, schedule = _throttle_option(spec)
         opts = TransferOptions(
             threads=parse_threads(args.threads) if args.threads else (4, 4, 4),
             memory=parse_size(args.memory, "memory"), chunk_size=parse_size(args.chunk_size, "chunk size"),
-            throttle=parse_throttle(throttle), interval_s=args.interval, max_threads=args.max_threads,
+            throttle=throttle, throttle_schedule=schedule, interval_s=args.interval, max_threads=args.max_threads,
             log_path=args.log, sndbuf=parse_size(args.sndbuf, "sndbuf"), encrypt=args.encrypt)
         check_dest(args.dest)
     except ValueError as e:
@@ -344,6 +349,13 @@ def _transfer_options(args):
     if args.log:
         A.check_append_file(args.log, "--log")
     return opts
+
+
+def _throttle_option(spec: str):
+    """``--throttle SPEC`` or ``--throttle @FILE`` (a schedule): ``(limits, schedule or None)``."""
+    from automdt.throttle import parse_throttle_option
+
+    return parse_throttle_option(spec)
 
 
 def _check_memory(nbytes: int) -> None:

@@ -50,6 +50,9 @@ class Controller:
         self._proc.cpu_percent(None)
         self.history: list = []
         self.last_record: Optional[Dict[str, Any]] = None
+        self.annotations: Dict[str, Any] = {}
+        """Fields added to every interval record from now on (the sender sets ``throttle``, the
+        throttle spec in force at the end of the interval)."""
 
     def start(self) -> Triple:
         self.threads = clamp_triple(self.policy.reset(self.max_threads), self.max_threads)
@@ -112,6 +115,7 @@ class Controller:
             "recv_wait_s": round(d[6], 4),
             "interval_s": round(dt, 4),
         }
+        record.update(self.annotations)
         if new != self.threads:
             self.apply(new)
             self.threads = new

@@ -161,6 +161,8 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
     explorer = RandomExplorer(seed)
     records: List[List[Dict[str, Any]]] = []
     t0 = time.monotonic()
+    if opts.throttle_schedule is not None and opts.schedule_t0 is None:
+        opts = replace(opts, schedule_t0=t0)  # every round follows the one schedule
     rounds = 0
     scratch = os.path.join(dest, SCRATCH) if remote is None else None
     summaries = []

@@ -201,7 +201,7 @@ class Session:
                  f" from {self.peer}" if self.peer else "", srv.root, "/" + "/".join(self.base) if self.base else "",
                  chunk, memory, ", encrypted" if encrypt else "", ", dry run" if self.dry_run else "")
         return {"type": "opened", "data_port": self.engine.port, "chunk_size": chunk, "memory": memory,
-                "max_threads": srv.max_threads, "encrypted": encrypt}
+                "max_threads": srv.max_threads, "encrypted": encrypt, "runtime_throttle": True}
 
     def _manifest(self, msg):
         plan = []
@@ -418,6 +418,9 @@ class Session:
     def _poll(self, msg):
         if "write_threads" in msg and msg["write_threads"] is not None:
             self.engine.set_threads(self.server.clamp_threads(int(msg["write_threads"])))
+        if msg.get("write_throttle") is not None:  # a throttle schedule's entry became due
+            t, total = (max(0, int(x)) for x in msg["write_throttle"])
+            self.engine.set_throttle("write", t, total)
         self.pump()
         st = self.engine.stats()
         reply = {

@@ -91,6 +91,12 @@ class TransferOptions:
     session opens and removes it when the session closes."""
     data_endpoint_hook: Optional[Callable[[str, int], Tuple[str, int]]] = None
     """Test hook: maps the receiver's announced data endpoint (e.g. to a fault-injecting proxy)."""
+    throttle_schedule: Any = None
+    """A :class:`automdt.throttle.ThrottleSchedule` (``--throttle @FILE``): limits that change during
+    the run; replaces ``throttle``. Read and network limits apply on this engine, write limits are
+    sent to the receiver (``poll {write_throttle}``)."""
+    schedule_t0: Optional[float] = None
+    """``time.monotonic()`` origin of the schedule's ``at`` times; None: the start of :func:`run_transfer`."""
 
 
 @dataclass
@@ -205,6 +211,10 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
     restarted) is retried ``opts.retries`` times; each retry resumes from the journals.
     """
     t0 = time.monotonic()
+    if opts.throttle_schedule is not None and opts.schedule_t0 is None:
+        from dataclasses import replace
+
+        opts = replace(opts, schedule_t0=t0)  # retries continue the same schedule
     moved = resent = 0
     attempt = 0
     summary = Summary()
@@ -290,6 +300,15 @@ class _Transfer:
         self.receiver_stats: Dict[str, Any] = {}
         self.write_threads_sent: Optional[int] = None
         self.want_write: Optional[int] = None
+        self.clock = None
+        self.limits = {k: tuple(v) for k, v in (opts.throttle or {}).items()}
+        if opts.throttle_schedule is not None:
+            from automdt.throttle import ScheduleClock
+
+            self.clock = ScheduleClock(opts.throttle_schedule, opts.schedule_t0 or t_start)
+            self.limits = self.clock.current()[1]
+        self.write_limit_sent = tuple(self.limits.get("write", (0, 0)))
+        self.want_write_limit = self.write_limit_sent
 
     # ------------------------------------------------------------------ helpers
     def fail(self, code: int, message: str) -> None:
@@ -413,11 +432,15 @@ class _Transfer:
         r = self.ctl.request({
             "type": "open", "subdir": self.subdir, "chunk_size": self.o.chunk_size, "memory": self.o.memory,
             "write_threads": self.o.threads[2], "checksum": self.o.checksum, "fsync": self.o.fsync,
-            "write_throttle": list(self.o.throttle.get("write", (0, 0))), "dry_run": self.o.dry_run,
+            "write_throttle": list(self.write_limit_sent), "dry_run": self.o.dry_run,
             "encrypt": self.o.encrypt, **({"scratch": True} if self.o.scratch else {}),
         })
         if bool(r.get("encrypted")) != self.o.encrypt:
             raise AutomdtError(f"receiver {self.host}:{self.port} does not support encryption", errors.FATAL)
+        if (self.clock is not None and self.o.throttle_schedule.limits_stage("write")
+                and not r.get("runtime_throttle")):
+            raise AutomdtError(f"receiver {self.host}:{self.port} cannot change write limits during a run "
+                               "(an older version); the throttle schedule limits the write stage", errors.USAGE)
         self.tls_key = protocol.data_key(self.secret, sn, cn) if self.o.encrypt else None
         self.summary.encrypted = self.o.encrypt
         self.opened = True
@@ -503,7 +526,10 @@ class _Transfer:
             return
         from automdt.transfer_engine import Sender
 
-        th = self.o.throttle
+        if self.clock is not None:
+            spec, self.limits = self.clock.mark_applied()
+            self.want_write_limit = tuple(self.limits["write"])
+        th = self.limits
         self.engine = Sender(self.data_host, self.data_port, self.token, self.chunk_size, self.o.memory,
                              max_threads=max(self.o.max_threads, 1),
                              read_throttle=_ints(th.get("read", (0, 0))), net_throttle=_ints(th.get("net", (0, 0))),
@@ -514,6 +540,10 @@ class _Transfer:
             self.want_write = t[2]
 
         ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file)
+        if self.clock is not None or any(any(v) for v in self.limits.values()):
+            from automdt.throttle import format_throttle
+
+            ctrl.annotations["throttle"] = format_throttle(self.limits)
         ctrl.start()
         last_progress = time.monotonic()
         last_written = -1
@@ -524,6 +554,8 @@ class _Transfer:
             if deadline is not None and now >= deadline:
                 self.fail(errors.MAX_DURATION, f"--max-duration reached after {now - self.t_start:.1f} s; partial files kept, re-run to resume")
                 return
+            if self.clock is not None:
+                self._follow_schedule(ctrl, now)
             self._activate()
             self._poll()
             self._engine_events()
@@ -547,6 +579,23 @@ class _Transfer:
             if self.o.progress:
                 self.o.progress(self.summary, ctrl)
             time.sleep(0.02)
+
+    def _follow_schedule(self, ctrl: Controller, now: float) -> None:
+        """Apply the schedule's entry that became due: read/net here, write via the next poll."""
+        due = self.clock.due(now)
+        if due is None:
+            return
+        spec, limits = due
+        for stage in ("read", "net"):
+            if tuple(limits[stage]) != tuple(self.limits.get(stage, (0, 0))):
+                t, total = _ints(limits[stage])
+                self.engine.set_throttle(stage, t, total)
+        self.want_write_limit = tuple(limits["write"])
+        self.limits = limits
+        from automdt.throttle import format_throttle
+
+        ctrl.annotations["throttle"] = format_throttle(limits)
+        log.info("throttle schedule at %.1f s: %s", self.clock.elapsed(now), spec or "(no limits)")
 
     def _activate(self) -> None:
         room = self.o.window_files - len(self.active)
@@ -576,6 +625,9 @@ class _Transfer:
         if self.want_write is not None and self.want_write != self.write_threads_sent:
             msg["write_threads"] = self.want_write
             self.write_threads_sent = self.want_write
+        if self.want_write_limit != self.write_limit_sent:
+            msg["write_throttle"] = [int(self.want_write_limit[0]), int(self.want_write_limit[1])]
+            self.write_limit_sent = self.want_write_limit
         r = self.ctl.request(msg)
         self.receiver_stats = r.get("stats") or {}
         for fid in r.get("done", []):

@@ -17,7 +17,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from automdt.simulator.profile import N_PROFILE_UNIFORMS, Profile, capacity_array, random_profile_arrays
+from automdt.simulator.profile import (N_PROFILE_UNIFORMS, Profile, capacity_array, peak_capacity_array,
+                                      random_profile_arrays)
 
 N_PARAM_UNIFORMS = 32
 """Uniforms reserved at each reset before the noise block (see :data:`U_LAYOUT`)."""
@@ -174,6 +175,7 @@ class SimCore:
         noise: float | None,
         substeps: int,
         bound_penalty: float,
+        changes: Any = None,
     ) -> None:
         if profile is None:
             profile = Profile.default()
@@ -202,6 +204,7 @@ class SimCore:
         self._pen = np.power(self.k, -np.arange(self.max_threads + 1, dtype=np.float64))  # k**-n lookup
         self.block_len = self.episode_steps + 1  # intervals per noise block (reset + steps)
         self.n_uniforms = N_PARAM_UNIFORMS + 3 * self.block_len
+        self._init_contention_and_changes(profile, changes)
 
         n = self.num_envs
         self.tpt = np.tile(profile.tpt_array(), (n, 1))
@@ -277,11 +280,16 @@ class SimCore:
                 fill = np.clip(np.broadcast_to(f, (m, 2)), 0.0, 1.0).astype(np.float64)
         self.tpt[rows], self.bw[rows] = tpt, bw
         self.smax[rows], self.rmax[rows], self.noise[rows] = smax, rmax, noise
-        self.scale[rows] = capacity_array(tpt, bw, float(self.max_threads), self.model).min(axis=1)
-        self.factors[rows] = self._factors(u[:, U_LAYOUT["noise"]], noise)
+        self.scale[rows] = self._scale(rows)
+        if self.changes is not None:
+            self.change_at[rows], self.change_tpt[rows], self.change_bw[rows] = self.changes.draw(
+                u[:, self.n_uniforms - self._n_change_u:], tpt, bw, self.episode_steps, self.max_threads,
+                self.random_profiles)
+        self.factors[rows] = self._factors(u[:, U_LAYOUT["noise"]][:, :3 * self.block_len], noise)
         self.S[rows] = fill[:, 0] * smax
         self.R[rows] = fill[:, 1] * rmax
         self.steps[rows] = 0
+        self.profile_changes[rows] = 0
         self.noise_idx[rows] = 0
         self.ref[rows] = 0.0
         self.best_rate[rows] = 0.0
@@ -296,6 +304,8 @@ class SimCore:
     def step_threads(self, threads: np.ndarray, rngs: Sequence[np.random.Generator]) -> None:
         """Run one interval for all environments with the given (N,3) thread counts."""
         threads = np.clip(np.asarray(threads, dtype=np.int64).reshape(self.num_envs, 3), 1, self.max_threads)
+        if self.changes is not None:
+            self._apply_changes()
         self._advance(None, threads, rngs, first=False)
         self.steps += 1
 
@@ -313,7 +323,8 @@ class SimCore:
             idx = self.noise_idx[sel]
         env_ids = np.arange(self.num_envs) if rows is None else rows
         f = self.factors[env_ids, idx]  # (m,3)
-        cap = capacity_array(self.tpt[sel], self.bw[sel], threads.astype(np.float64), self.model) * f
+        usl = (None, None) if self.sigma is None else (self.sigma[sel], self.kappa[sel])
+        cap = capacity_array(self.tpt[sel], self.bw[sel], threads.astype(np.float64), self.model, *usl) * f
         S, R, moved = run_interval(self.S[sel], self.R[sel], cap, self.interval_s, self.smax[sel], self.rmax[sel],
                                    self.substeps)
         tput = moved * (1.0 / self.interval_s)
@@ -341,6 +352,45 @@ class SimCore:
             self.ref[rows], self.cap[rows], self.best_rate[rows] = ref, cap, best_rate
             self.obs[rows], self.utility[rows], self.reward[rows] = obs, util, reward
             self.noise_idx[rows] += 1
+
+    # ------------------------------------------------------------------ contention and changes
+    def _init_contention_and_changes(self, profile: Profile, changes: Any) -> None:
+        """USL contention arrays (``None`` when the profile has none) and the mid-episode change
+        plan of :class:`automdt.simulator.changes.ProfileChanges` (``changes``; None: off)."""
+        n = self.num_envs
+        sig, kap = profile.contention_arrays()
+        self.sigma = None if sig is None else np.tile(sig, (n, 1))
+        self.kappa = None if kap is None else np.tile(kap, (n, 1))
+        self.changes = changes
+        self._n_change_u = 0 if changes is None else changes.n_uniforms(self.random_profiles)
+        self.n_uniforms += self._n_change_u
+        k = 1 if changes is None else changes.max_changes
+        self.change_at = np.zeros((n, k), dtype=np.int64)
+        self.change_tpt = np.zeros((n, k, 3))
+        self.change_bw = np.zeros((n, k, 3))
+        self.changed = np.zeros(0, dtype=np.int64)
+        """Rows whose profile changed at the last step (for per-episode values that follow it)."""
+        self.profile_changes = np.zeros(n, dtype=np.int64)
+        """Changes so far in each env's episode."""
+
+    def _scale(self, rows: np.ndarray | None) -> np.ndarray:
+        """The reward normalisation of ``rows``: each env's achievable rate (the weakest stage's peak)."""
+        sel = slice(None) if rows is None else rows
+        usl = (None, None) if self.sigma is None else (self.sigma[sel], self.kappa[sel])
+        return peak_capacity_array(self.tpt[sel], self.bw[sel], self.max_threads, self.model, *usl).min(axis=1)
+
+    def _apply_changes(self) -> None:
+        """Switch the envs whose next step is a change step to that slot's profile."""
+        hit = self.change_at == (self.steps + 1)[:, None]  # (N, K)
+        rows = np.flatnonzero(hit.any(axis=1))
+        self.changed = rows
+        if rows.size == 0:
+            return
+        k = hit.shape[1] - 1 - np.argmax(hit[rows, ::-1], axis=1)  # the last used slot of that step
+        self.tpt[rows] = self.change_tpt[rows, k]
+        self.bw[rows] = self.change_bw[rows, k]
+        self.scale[rows] = self._scale(rows)
+        self.profile_changes[rows] += 1
 
     # ------------------------------------------------------------------ views
     def bounded(self, util: np.ndarray, threads: np.ndarray) -> np.ndarray:

@@ -69,7 +69,7 @@ import numpy as np
 from automdt.simulator.dynamics import run_interval
 from automdt.simulator.profile import STAGES, Profile, ProfileError, StageProfile, capacity_array
 
-__all__ = ["fit_profile", "synthetic_samples", "stage_confidence", "weak_fit_reasons", "MIN_FIT_SAMPLES"]
+__all__ = ["fit_profile", "fit_contention", "synthetic_samples", "stage_confidence", "weak_fit_reasons", "MIN_FIT_SAMPLES"]
 
 _MAD_TO_STD = 1.4826
 
@@ -303,12 +303,13 @@ def fit_profile(
             "spreads": "relative standard errors of the medians",
         }
     }
-    return Profile(
+    profile = Profile(
         read=stages[0], net=stages[1], write=stages[2],
         sender_buffer=int(buffers[0]), receiver_buffer=int(buffers[1]),
         interval_s=float(interval_s), max_threads=int(max_threads), noise=min(noise, 0.5),
         samples=[dict(s) for s in samples] if keep_samples else None, meta=meta,
     )
+    return fit_contention(profile, samples, min_busy_s=min_busy_s)
 
 
 def synthetic_samples(
@@ -355,6 +356,134 @@ def synthetic_samples(
             "buffer": [float(S[0] / smax[0]), float(R[0] / rmax[0])],
         })
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Contention: capacities that bend and fall with too many threads (Universal Scalability Law)
+# ---------------------------------------------------------------------------------------------
+CONTENTION_GRID = np.concatenate([[0.0], np.logspace(-3.0, -0.3, 24)])
+"""USL sigma values the contention fit tries (0 and 0.001-0.5)."""
+COHERENCY_GRID = np.concatenate([[0.0], np.logspace(-5.0, -1.0, 24)])
+"""USL kappa values the contention fit tries (0 and 1e-5-0.1)."""
+CONTENTION_MIN_DECLINE = 0.05
+"""A stage gets contention only if the fitted capacity at the largest sampled thread count is at
+least this much below its peak: a bend the samples show, not an extrapolation."""
+CONTENTION_MIN_BIC_GAIN = 6.0
+"""...and if the two extra parameters lower the Bayesian information criterion by this much."""
+
+
+def fit_contention(profile: Profile, samples: Sequence[Mapping[str, Any]], min_busy_s: float | None = None
+                   ) -> Profile:
+    """Add USL ``contention``/``coherency`` to the stages whose samples show them (else unchanged).
+
+    For each stage the fit measured (not one with few samples or a TPT lower bound) it takes the
+    capacities ``n * bytes / busy_s`` of the usable samples in which the stage's threads were
+    >= 90% busy (the stage was the limit, so the capacity is what it could do; with fewer than six
+    such samples, all usable ones) and fits, in log space,
+
+    * ``M0``: ``min(n * TPT, B)``, and
+    * ``M1``: ``min(n * TPT, B) / (1 + sigma (n - 1) + kappa n (n - 1))``,
+
+    each by grid search (``TPT`` within +-24% and ``B`` within 0.6-3x of the plain fit's,
+    :data:`CONTENTION_GRID`, :data:`COHERENCY_GRID`). ``M1`` is kept when it lowers the BIC by
+    :data:`CONTENTION_MIN_BIC_GAIN` and its capacity at the largest sampled count is at least
+    :data:`CONTENTION_MIN_DECLINE` below its peak; the stage then gets ``M1``'s TPT, B, sigma and
+    kappa, and ``meta["fit"]["stages"][stage]["contention"]`` the evidence (peak count and rate,
+    decline, BIC gain, samples). Profiles of paths without contention come out unchanged; a screen
+    (the top quartile of thread counts at least 5% below the best lower quartile's median
+    capacity) skips the grid for stages whose samples do not fall at all.
+    """
+    if not samples:
+        return profile
+    a = _arrays(samples, profile.interval_s)
+    if min_busy_s is None:
+        min_busy_s = 0.05 * profile.interval_s
+    details = profile.meta.get("fit", {}).get("stages", {})
+    stages = list(profile.stages)
+    changed = False
+    for i, name in enumerate(STAGES):
+        info = details.get(name, {})
+        if info.get("few_samples") or info.get("tpt_lower_bound"):
+            continue
+        ok = (a["threads"][:, i] >= 1) & (a["bytes"][:, i] > 0) & (a["busy"][:, i] >= min_busy_s)
+        n = a["threads"][ok, i]
+        busy = np.minimum(a["busy"][ok, i], n * a["interval"][ok])
+        cap = n * a["bytes"][ok, i] / busy
+        limiting = busy >= 0.9 * n * a["interval"][ok]
+        if limiting.sum() >= 6:
+            n, cap = n[limiting], cap[limiting]
+        if n.size < 6 or np.unique(n).size < 3 or not _declines(n, cap):
+            continue
+        res = _usl_fit(n, cap, stages[i], profile.max_threads)
+        if res is None:
+            continue
+        st, evidence = res
+        stages[i] = st
+        if name in details:
+            details[name]["contention"] = evidence
+        changed = True
+    if not changed:
+        return profile
+    meta = dict(profile.meta)
+    if "fit" in meta:
+        meta["fit"] = dict(meta["fit"], contention_model="USL: min(n*TPT, B) / (1 + sigma (n-1) + kappa n (n-1))")
+    return profile.replace(read=stages[0], net=stages[1], write=stages[2], meta=meta)
+
+
+def _declines(n: np.ndarray, cap: np.ndarray) -> bool:
+    """Cheap screen: does the median capacity of the highest thread counts fall below the best
+    median of lower counts by at least :data:`CONTENTION_MIN_DECLINE`? (Quartiles of ``n``.)"""
+    order = np.argsort(n, kind="stable")
+    groups = [g for g in np.array_split(order, 4) if g.size]
+    meds = [float(np.median(cap[g])) for g in groups]
+    return len(meds) >= 3 and meds[-1] <= (1.0 - CONTENTION_MIN_DECLINE) * max(meds[:-1])
+
+
+def _usl_fit(n: np.ndarray, cap: np.ndarray, base: StageProfile, max_threads: int
+             ) -> tuple[StageProfile, dict[str, Any]] | None:
+    """Grid fit of M0 and M1 (see :func:`fit_contention`); the contended stage and the evidence, or None."""
+    y = np.log(np.maximum(cap, 1.0))
+    m = float(n.size)
+    tpts = base.tpt * np.linspace(0.76, 1.24, 9)
+    bws = base.bandwidth * np.geomspace(0.6, 3.0, 33)
+    lin = np.minimum(n[None, None, :] * tpts[:, None, None], bws[None, :, None])  # (T, B, m)
+    loglin = np.log(lin)
+    sse0 = ((y - loglin) ** 2).sum(axis=2)  # (T, B)
+    j0 = np.unravel_index(int(np.argmin(sse0)), sse0.shape)
+    best = (np.inf, None)
+    for sig in CONTENTION_GRID:
+        den = np.log(1.0 + sig * (n[None, :] - 1.0) + COHERENCY_GRID[:, None] * n[None, :] * (n[None, :] - 1.0))
+        # (K, T, B, m): y - (log lin - log den)
+        r = y[None, None, None, :] - loglin[None, :, :, :] + den[:, None, None, :]
+        sse = (r ** 2).sum(axis=3)
+        j = np.unravel_index(int(np.argmin(sse)), sse.shape)
+        if sse[j] < best[0]:
+            best = (float(sse[j]), (float(sig), float(COHERENCY_GRID[j[0]]), float(tpts[j[1]]), float(bws[j[2]])))
+    sse1, params = best
+    if params is None:
+        return None
+    sig, kap, tpt, bw = params
+    if sig == 0.0 and kap == 0.0:
+        return None
+    floor = 1e-12 * m
+    bic0 = m * math.log(max(float(sse0[j0]), floor) / m) + 2.0 * math.log(m)
+    bic1 = m * math.log(max(sse1, floor) / m) + 4.0 * math.log(m)
+    grid = np.arange(1, int(max(n.max(), 1)) + 1, dtype=np.float64)
+    curve = capacity_array(tpt, bw, grid) / (1.0 + sig * (grid - 1.0) + kap * grid * (grid - 1.0))
+    peak_i = int(np.argmax(curve))
+    decline = 1.0 - float(curve[-1] / curve[peak_i])
+    beyond = int((n > grid[peak_i]).sum())
+    if bic0 - bic1 < CONTENTION_MIN_BIC_GAIN or decline < CONTENTION_MIN_DECLINE or beyond < 3:
+        return None
+    evidence = {
+        "sigma": sig, "kappa": kap, "peak_threads": int(grid[peak_i]), "peak_bps": float(curve[peak_i]),
+        "decline_at_max_sampled": round(decline, 4), "max_sampled_threads": int(n.max()),
+        "bic_gain": round(bic0 - bic1, 2), "samples": int(m), "samples_beyond_peak": beyond,
+        "plain_fit": {"tpt": float(base.tpt), "bandwidth": float(base.bandwidth)},
+    }
+    st = StageProfile(tpt=tpt, bandwidth=bw, tpt_spread=base.tpt_spread, bandwidth_spread=base.bandwidth_spread,
+                      contention=sig, coherency=kap)
+    return st, evidence
 
 
 # ---------------------------------------------------------------------------------------------

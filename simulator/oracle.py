@@ -1,6 +1,9 @@
 """The yardstick: the best steady-state thread triple for a known profile, and a policy evaluator.
 
 ``fraction_of_oracle = policy utility / oracle utility`` (both in the reward's normalisation).
+:func:`oracle` and :func:`oracle_batch` need numpy only (the live controller computes a
+profile-trained policy's start with them); :func:`evaluate_policy_in_sim` imports the gymnasium
+environment when called.
 """
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from automdt.simulator.env import BufferSimEnv
 from automdt.simulator.profile import Profile, capacity_array
 from automdt.simulator.types import Observation, Triple
 
@@ -43,8 +45,10 @@ def oracle(profile: Profile, k: float = 1.02) -> OracleResult:
     """
     m = profile.max_threads
     n = np.arange(1, m + 1, dtype=np.float64)
+    sig, kap = profile.contention_arrays()
     caps = capacity_array(profile.tpt_array()[:, None], profile.bandwidth_array()[:, None], n[None, :],
-                          profile.capacity_model)  # (3, m)
+                          profile.capacity_model,
+                          None if sig is None else sig[:, None], None if kap is None else kap[:, None])  # (3, m)
     pen = np.power(float(k), -n)  # (m,)
     scale = profile.achievable_bps
     best = (-np.inf, (1, 1, 1), 0.0)
@@ -68,6 +72,8 @@ def oracle_batch(
     k: float = 1.02,
     capacity_model: str = "min",
     chunk: int = 1024,
+    contention: np.ndarray | None = None,
+    coherency: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Oracle of N profiles at once: ``(threads (N,3) int, utility (N,), throughput_bps (N,))``.
 
@@ -82,6 +88,9 @@ def oracle_batch(
     :param k: utility base per thread.
     :param capacity_model: as :attr:`Profile.capacity_model`.
     :param chunk: profiles per vectorised block (memory ~ chunk * 3M * M bytes).
+    :param contention: (N,3) USL sigma per stage, or None (see :mod:`automdt.simulator.profile`).
+    :param coherency: (N,3) USL kappa per stage, or None. With either, a stage's capacity may fall
+        past a peak: the threads it needs for a rate are the fewest that reach it.
     """
     tpt = np.atleast_2d(np.asarray(tpt, dtype=np.float64))
     bandwidth = np.atleast_2d(np.asarray(bandwidth, dtype=np.float64))
@@ -93,7 +102,12 @@ def oracle_batch(
     out_t = np.zeros(n_prof)
     for lo in range(0, n_prof, chunk):
         hi = min(lo + chunk, n_prof)
-        caps = capacity_array(tpt[lo:hi, :, None], bandwidth[lo:hi, :, None], nn, capacity_model)  # (c,3,M)
+        usl = [None if a is None else np.atleast_2d(np.asarray(a, dtype=np.float64))[lo:hi, :, None]
+               for a in (contention, coherency)]
+        caps = capacity_array(tpt[lo:hi, :, None], bandwidth[lo:hi, :, None], nn, capacity_model, *usl)  # (c,3,M)
+        if contention is not None or coherency is not None:
+            # past its peak a stage never needs more threads for a rate: count on the running maximum
+            caps = np.maximum.accumulate(caps, axis=2)
         scale = caps[:, :, -1].min(axis=1)  # achievable rate
         cand = caps.reshape(hi - lo, 3 * m)  # candidate rates T
         cand = np.where(cand <= scale[:, None] * (1 + 1e-12), cand, 0.0)  # T above the achievable is infeasible
@@ -168,6 +182,8 @@ def evaluate_policy_in_sim(
         raise TypeError("policy must have reset()/act() methods or be a callable act(Observation)")
     if start_threads is not None:
         start = start_threads
+    from automdt.simulator.env import BufferSimEnv  # gymnasium: imported here, so oracle() stays numpy-only
+
     env = BufferSimEnv(profile, k=k, episode_steps=steps, random_start=False, noise=noise)
     _, info = env.reset(seed=seed, options={"threads": tuple(int(x) for x in start)})
     threads = np.zeros((steps, 3), dtype=np.int64)

@@ -18,6 +18,15 @@ Profiles are stored as YAML (bytes/s and bytes)::
     samples: [...]       # optional raw exploration samples (or a path to a CSV/JSONL)
 
 Numbers written as ``40.0e6`` (which YAML 1.1 reads as a string) are accepted too.
+
+Contention (optional, per stage): ``contention`` (sigma) and ``coherency`` (kappa) divide the
+capacity by the Universal Scalability Law's denominator ``1 + sigma (n - 1) + kappa n (n - 1)``,
+so that the per-thread throughput falls as threads are added and, past a peak, the stage moves
+less with more threads (a disk or a CPU shared by too many workers). Both default to 0 and are
+written only when set, so older profiles load and save unchanged::
+
+    stages:
+      write: {tpt: 30.0e+6, bandwidth: 300.0e+6, contention: 0.02, coherency: 0.001}
 """
 from __future__ import annotations
 
@@ -82,12 +91,18 @@ class StageProfile:
     :param bandwidth: stage bandwidth in bytes/s (the most all threads together can move).
     :param tpt_spread: relative uncertainty (robust std / value) of ``tpt`` from the fit; 0 if known.
     :param bandwidth_spread: relative uncertainty of ``bandwidth`` from the fit; 0 if known.
+    :param contention: USL sigma in [0, 1): each thread beyond the first adds this share of work
+        for all (0: none; see the module docstring).
+    :param coherency: USL kappa in [0, 1]: pairwise overhead between threads; above 0 the stage's
+        capacity peaks and then falls with more threads (0: none).
     """
 
     tpt: float
     bandwidth: float
     tpt_spread: float = 0.0
     bandwidth_spread: float = 0.0
+    contention: float = 0.0
+    coherency: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -96,8 +111,16 @@ class StageProfile:
         """Raise :class:`ProfileError` if a value is not a positive finite number."""
         for name in ("tpt", "bandwidth"):
             object.__setattr__(self, name, _num(getattr(self, name), f"{where}.{name} (bytes/s)"))
-        for name in ("tpt_spread", "bandwidth_spread"):
+        for name in ("tpt_spread", "bandwidth_spread", "contention", "coherency"):
             object.__setattr__(self, name, _num(getattr(self, name), f"{where}.{name}", allow_zero=True))
+        if self.contention >= 1.0:
+            raise ProfileError(f"{where}.contention is the USL sigma and must be in [0, 1), got {self.contention!r}")
+        if self.coherency > 1.0:
+            raise ProfileError(f"{where}.coherency is the USL kappa and must be in [0, 1], got {self.coherency!r}")
+
+    @property
+    def has_contention(self) -> bool:
+        return bool(self.contention or self.coherency)
 
     def to_dict(self) -> dict[str, float]:
         d = {"tpt": float(self.tpt), "bandwidth": float(self.bandwidth)}
@@ -105,27 +128,69 @@ class StageProfile:
             d["tpt_spread"] = float(self.tpt_spread)
         if self.bandwidth_spread:
             d["bandwidth_spread"] = float(self.bandwidth_spread)
+        if self.contention:
+            d["contention"] = float(self.contention)
+        if self.coherency:
+            d["coherency"] = float(self.coherency)
         return d
 
 
-def capacity_array(tpt: np.ndarray, bandwidth: np.ndarray, n: np.ndarray, model: str = "min") -> np.ndarray:
-    """Vectorised stage capacity in bytes/s for thread counts ``n`` (broadcasting)."""
+def capacity_array(tpt: np.ndarray, bandwidth: np.ndarray, n: np.ndarray, model: str = "min",
+                   contention: np.ndarray | None = None, coherency: np.ndarray | None = None) -> np.ndarray:
+    """Vectorised stage capacity in bytes/s for thread counts ``n`` (broadcasting).
+
+    ``contention``/``coherency`` (USL sigma and kappa, broadcasting like ``tpt``; None: 0) divide
+    the model's capacity by ``1 + sigma (n - 1) + kappa n (n - 1)`` (:func:`usl_denominator`).
+    """
     lin = n * tpt
     if model == "min":
-        return np.minimum(lin, bandwidth)
-    if model == "concave":
-        return bandwidth * lin / (lin + bandwidth)
-    raise ValueError(f"unknown capacity model {model!r}; use one of {CAPACITY_MODELS}")
+        out = np.minimum(lin, bandwidth)
+    elif model == "concave":
+        out = bandwidth * lin / (lin + bandwidth)
+    else:
+        raise ValueError(f"unknown capacity model {model!r}; use one of {CAPACITY_MODELS}")
+    if contention is None and coherency is None:
+        return out
+    return out / usl_denominator(n, contention, coherency)
+
+
+def usl_denominator(n: Any, contention: Any = None, coherency: Any = None) -> np.ndarray:
+    """``1 + sigma (n - 1) + kappa n (n - 1)``: the Universal Scalability Law's slow-down at ``n`` threads."""
+    n = np.asarray(n, dtype=np.float64)
+    d = 1.0 + (0.0 if contention is None else np.asarray(contention, dtype=np.float64)) * (n - 1.0)
+    if coherency is not None:
+        d = d + np.asarray(coherency, dtype=np.float64) * n * (n - 1.0)
+    return d
+
+
+def peak_capacity_array(tpt: np.ndarray, bandwidth: np.ndarray, max_threads: int, model: str = "min",
+                        contention: np.ndarray | None = None, coherency: np.ndarray | None = None) -> np.ndarray:
+    """The most each stage can move with any count in ``[1, max_threads]`` (shape of ``tpt``).
+
+    Without contention capacities grow with the thread count, so this is the capacity at
+    ``max_threads``; with it, the peak may lie below.
+    """
+    if contention is None and coherency is None:
+        return capacity_array(tpt, bandwidth, np.float64(max_threads), model)
+    n = np.arange(1, int(max_threads) + 1, dtype=np.float64)
+    t = np.asarray(tpt, dtype=np.float64)[..., None]
+    b = np.asarray(bandwidth, dtype=np.float64)[..., None]
+    s = None if contention is None else np.asarray(contention, dtype=np.float64)[..., None]
+    k = None if coherency is None else np.asarray(coherency, dtype=np.float64)[..., None]
+    return capacity_array(t, b, n, model, s, k).max(axis=-1)
 
 
 def capacity(stage: StageProfile, n: int | float | np.ndarray, model: str = "min") -> float | np.ndarray:
-    """Bytes/s a stage can move with ``n`` threads: ``min(n * tpt, bandwidth)``.
+    """Bytes/s a stage can move with ``n`` threads: ``min(n * tpt, bandwidth)`` (with the stage's
+    contention, if any, divided by the USL denominator).
 
     :param stage: the stage parameters.
     :param n: thread count(s).
     :param model: ``"min"`` (default) or ``"concave"`` (see :data:`CAPACITY_MODELS`).
     """
-    out = capacity_array(np.float64(stage.tpt), np.float64(stage.bandwidth), np.asarray(n, dtype=np.float64), model)
+    extra = (np.float64(stage.contention), np.float64(stage.coherency)) if stage.has_contention else (None, None)
+    out = capacity_array(np.float64(stage.tpt), np.float64(stage.bandwidth), np.asarray(n, dtype=np.float64), model,
+                         *extra)
     return float(out) if np.ndim(out) == 0 else out
 
 
@@ -202,10 +267,27 @@ class Profile:
         """Stage bandwidths (read, net, write) in bytes/s, shape (3,)."""
         return np.array([s.bandwidth for s in self.stages], dtype=np.float64)
 
+    @property
+    def has_contention(self) -> bool:
+        """Whether any stage has USL contention or coherency (see the module docstring)."""
+        return any(st.has_contention for st in self.stages)
+
+    def contention_arrays(self) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
+        """``(sigma (3,), kappa (3,))``, or ``(None, None)`` when no stage has contention."""
+        if not self.has_contention:
+            return None, None
+        return (np.array([s.contention for s in self.stages], dtype=np.float64),
+                np.array([s.coherency for s in self.stages], dtype=np.float64))
+
     def capacities(self, threads: Sequence[int]) -> np.ndarray:
         """Capacities (bytes/s) of the three stages for a thread triple."""
         return capacity_array(self.tpt_array(), self.bandwidth_array(), np.asarray(threads, dtype=np.float64),
-                              self.capacity_model)
+                              self.capacity_model, *self.contention_arrays())
+
+    def peak_capacities(self) -> np.ndarray:
+        """The most each stage can move with any thread count up to ``max_threads`` (3,)."""
+        return peak_capacity_array(self.tpt_array(), self.bandwidth_array(), self.max_threads, self.capacity_model,
+                                   *self.contention_arrays())
 
     def steady_throughput(self, threads: Sequence[int]) -> float:
         """Steady-state end-to-end throughput (bytes/s): the slowest stage's capacity."""
@@ -213,17 +295,18 @@ class Profile:
 
     @property
     def achievable_bps(self) -> float:
-        """The best steady-state throughput of the path: ``min_i capacity_i(max_threads)``.
+        """The best steady-state throughput of the path: ``min_i max_n capacity_i(n)``.
 
-        This equals the smallest stage bandwidth whenever ``max_threads`` threads can saturate every
-        stage. Rewards and oracle utilities are normalised by it.
+        Without contention that is ``min_i capacity_i(max_threads)``, the smallest stage bandwidth
+        whenever ``max_threads`` threads can saturate every stage. Rewards and oracle utilities are
+        normalised by it.
         """
-        return float(self.capacities([self.max_threads] * 3).min())
+        return float(self.peak_capacities().min())
 
     @property
     def bottleneck(self) -> str:
-        """Name of the stage with the lowest capacity at ``max_threads``."""
-        return STAGES[int(np.argmin(self.capacities([self.max_threads] * 3)))]
+        """Name of the stage with the lowest peak capacity (at ``max_threads`` without contention)."""
+        return STAGES[int(np.argmin(self.peak_capacities()))]
 
     def replace(self, **changes: Any) -> "Profile":
         """A copy with some fields changed (``dataclasses.replace``)."""
@@ -432,9 +515,10 @@ def _stage_from_dict(d: Any, where: str) -> StageProfile:
         return d
     if not isinstance(d, Mapping):
         raise ProfileError(f"{where} must be a mapping with tpt and bandwidth (bytes/s), got {d!r}")
-    unknown = sorted(set(d) - {"tpt", "bandwidth", "tpt_spread", "bandwidth_spread"})
+    unknown = sorted(set(d) - {"tpt", "bandwidth", "tpt_spread", "bandwidth_spread", "contention", "coherency"})
     if unknown:
-        raise ProfileError(f"{where}: unknown field(s) {unknown}; expected tpt, bandwidth, tpt_spread, bandwidth_spread")
+        raise ProfileError(f"{where}: unknown field(s) {unknown}; expected tpt, bandwidth, tpt_spread, "
+                           "bandwidth_spread, contention, coherency")
     for key in ("tpt", "bandwidth"):
         if key not in d:
             raise ProfileError(f"{where}.{key} is missing (bytes/s)")
@@ -443,7 +527,18 @@ def _stage_from_dict(d: Any, where: str) -> StageProfile:
         bandwidth=_num(d["bandwidth"], f"{where}.bandwidth (bytes/s)"),
         tpt_spread=_num(d.get("tpt_spread", 0.0), f"{where}.tpt_spread", allow_zero=True),
         bandwidth_spread=_num(d.get("bandwidth_spread", 0.0), f"{where}.bandwidth_spread", allow_zero=True),
+        contention=_usl_param(d, "contention", where),
+        coherency=_usl_param(d, "coherency", where),
     )
+
+
+def _usl_param(d: Mapping[str, Any], key: str, where: str) -> float:
+    v = _num(d.get(key, 0.0), f"{where}.{key}", allow_zero=True)
+    if (key == "contention" and v >= 1.0) or v > 1.0:
+        bound = "[0, 1)" if key == "contention" else "[0, 1]"
+        raise ProfileError(f"{where}.{key} is a USL {'sigma' if key == 'contention' else 'kappa'} and must be in "
+                           f"{bound}, got {v!r}")
+    return v
 
 
 def _plain(x: Any) -> Any:

@@ -74,6 +74,9 @@ class BatchedBufferSim(VectorEnv):
         intervals; a small cost per change makes holding one of them the better choice. The first
         interval of an episode counts changes from the start triple. ``infos["utility"]`` is
         unchanged.
+    :param changes: a :class:`~automdt.simulator.changes.ProfileChanges`: episodes whose profile
+        changes at random steps (a moving bottleneck); None: every episode keeps its profile.
+        ``infos["profile_changes"]`` counts each env's changes so far in its episode.
     """
 
     metadata: dict[str, Any] = {"render_modes": [], "autoreset_mode": AutoresetMode.SAME_STEP}
@@ -95,6 +98,7 @@ class BatchedBufferSim(VectorEnv):
         reward: str = "measured",
         surplus_penalty: float = 0.0,
         change_penalty: float = 0.0,
+        changes: Any = None,
     ) -> None:
         if reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
@@ -107,7 +111,7 @@ class BatchedBufferSim(VectorEnv):
         self.num_envs = int(num_envs)
         self.reward_mode = reward
         self._core = SimCore(self.num_envs, profile, k, episode_steps, randomize, random_profiles, random_start,
-                             noise, substeps, bound_penalty)
+                             noise, substeps, bound_penalty, changes=changes)
         self.profile = self._core.profile
         self.k = float(k)
         self.episode_steps = int(episode_steps)
@@ -181,6 +185,8 @@ class BatchedBufferSim(VectorEnv):
         core = self._core
         before = core.threads.copy() if self.change_penalty else None
         core.step_threads(threads, self._rngs)
+        if core.changed.size:  # the profile changed mid-episode: the per-episode shaping follows it
+            self._after_reset(core.changed)
         reward = core.reward.copy() if self.reward_mode == "measured" else self._steady_reward()
         if self.surplus_penalty:
             reward -= self.surplus_penalty * np.maximum(core.threads - self._oracle_threads, 0).sum(axis=1)
@@ -207,12 +213,15 @@ class BatchedBufferSim(VectorEnv):
             from automdt.simulator.oracle import oracle_batch
 
             c = self._core
-            self._oracle_threads[rows] = oracle_batch(c.tpt[rows], c.bw[rows], c.max_threads, self.k, c.model)[0]
+            usl = {} if c.sigma is None else {"contention": c.sigma[rows], "coherency": c.kappa[rows]}
+            self._oracle_threads[rows] = oracle_batch(c.tpt[rows], c.bw[rows], c.max_threads, self.k, c.model,
+                                                      **usl)[0]
 
     def _steady_reward(self) -> np.ndarray:
         """Noise-free steady-state utility of each env's current triple (``reward="steady"``)."""
         c = self._core
-        caps = capacity_array(c.tpt, c.bw, c.threads.astype(np.float64), c.model)
+        usl = (None, None) if c.sigma is None else (c.sigma, c.kappa)
+        caps = capacity_array(c.tpt, c.bw, c.threads.astype(np.float64), c.model, *usl)
         pen = c._pen[c.threads]
         return c.bounded(caps.min(axis=1) / c.scale * (pen[:, 0] + pen[:, 1] + pen[:, 2]), c.threads)
 
@@ -225,6 +234,7 @@ class BatchedBufferSim(VectorEnv):
             "utility": c.utility.copy(),
             "reward_scale_bps": c.scale.copy(),
             "step": c.steps.copy(),
+            "profile_changes": c.profile_changes.copy(),
         }
 
     @property
@@ -242,7 +252,8 @@ class BatchedBufferSim(VectorEnv):
         from automdt.simulator.oracle import oracle_batch
 
         c = self._core
-        return oracle_batch(c.tpt, c.bw, c.max_threads, self.k, c.model)
+        usl = {} if c.sigma is None else {"contention": c.sigma, "coherency": c.kappa}
+        return oracle_batch(c.tpt, c.bw, c.max_threads, self.k, c.model, **usl)
 
     def close_extras(self, **kwargs: Any) -> None:
         self._rngs = None
