@@ -40,7 +40,7 @@ ENGINE = {
     "--threads": THREADS + ["40,1,1"],  # above --max-threads 32
     "--memory": ["0", "-1", "x", "5Q", "1K", "1T", ""],
     "--chunk-size": ["0", "-1", "x", "1K", "128Mi", ""],
-    "--throttle": ["read.thread=x", "disk.total=1M", "read", "read.thread=-5"],
+    "--throttle": ["read.thread=x", "disk.total=1M", "read", "read.thread=-5", "@" + NOFILE, "@"],
     "--secret-file": SECRET,
     "--max-threads": ["0", "-1", "x", "5000", ""],
     "--interval": ["0", "-1", "x", "0.01", "nan", ""],

@@ -387,3 +387,101 @@ def test_every_option_has_help_text():
     bare = [f"{cmd} {a.dest}" for cmd, p in sub.choices.items() for a in p._actions
             if not isinstance(a, argparse._HelpAction) and not a.help]
     assert not bare, f"options and arguments without a --help description: {bare}"
+
+
+# ------------------------------------------------------------------ no "internal error" anywhere
+def _odd_world(tmp_path):
+    import socket
+    import threading
+
+    w = {"tmp": tmp_path}
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "x.bin").write_bytes(os.urandom(3000))
+    (src / "a.txt").write_text("a")
+    w["src"] = str(src)
+    (tmp_path / "empty-src").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "plain").write_text("not a directory")
+    dst = tmp_path / "dst-with-file"
+    dst.mkdir()
+    (dst / "sub").write_text("a file where the source has a directory")
+    (tmp_path / "list.yaml").write_text("[1, 2, 3]\n")
+    (tmp_path / "binary.yaml").write_bytes(os.urandom(300))
+    (tmp_path / "neg.yaml").write_text("stages:\n  read: {tpt: -1, bandwidth: 5}\n  net: {tpt: 1, bandwidth: 5}\n"
+                                       "  write: {tpt: 1, bandwidth: 5}\n")
+    (tmp_path / "garbage.zip").write_bytes(b"PK\x03\x04 not really a zip")
+    os.chmod(tmp_path / "garbage.zip", 0o600)
+    secret = tmp_path / "secret"
+    secret.write_text("x-secret\n")
+    secret.chmod(0o600)
+    w["secret"] = str(secret)
+    # a TCP service that is not an automdt receiver: it answers with junk, then hangs up
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            try:
+                c.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+            except OSError:
+                pass
+            c.close()
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    w["junk_port"] = srv.getsockname()[1]
+    w["close"] = lambda: (stop.set(), th.join(5), srv.close())
+    busy = socket.create_server(("127.0.0.1", 0))
+    w["busy_port"], w["busy"] = busy.getsockname()[1], busy
+    return w
+
+
+ODD = [
+    ("transfer", "{src}", "{tmp}/plain"),  # the destination is a file
+    ("transfer", "{tmp}/fifo", "{tmp}/d1"),  # the source is a fifo
+    ("transfer", "{tmp}/empty-src", "{tmp}/d2", "--json"),
+    ("transfer", "{src}", "{tmp}/dst-with-file"),  # a file where the source has a directory
+    ("transfer", "{src}", "127.0.0.1:{junk_port}/x", "--retries", "0", "--timeout", "2"),  # not a receiver
+    ("transfer", "{src}", "{tmp}/d3", "--policy", "{tmp}/garbage.zip"),
+    ("transfer", "{src}", "{tmp}/d3", "--policy", "os.path:join"),
+    ("transfer", "{src}", "{tmp}/d4", "--throttle", "@{tmp}/binary.yaml"),
+    ("verify", "{src}", "{tmp}/nowhere"),
+    ("verify", "{src}", "{tmp}/plain"),
+    ("simulate", "--profile", "{tmp}/list.yaml"),
+    ("simulate", "--profile", "{tmp}/binary.yaml"),
+    ("simulate", "--profile", "{tmp}/neg.yaml"),
+    ("simulate", "--profile", "{tmp}/list.yaml", "--policy", "{tmp}/garbage.zip"),
+    ("train", "--profile", "{tmp}/neg.yaml", "-o", "{tmp}/p.zip"),
+    ("explore", "{tmp}/empty-src", "{tmp}/xd", "-o", "{tmp}/e.yaml", "--duration", "3"),
+    ("receive", "--listen", "127.0.0.1:{busy_port}", "--root", "{tmp}"),
+    ("receive", "--listen", "127.0.0.1:0", "--root", "{tmp}/nowhere"),
+    ("receive", "--listen", "192.0.2.1:0", "--root", "{tmp}", "--secret-file", "{secret}"),  # not this host's
+    ("transfer",),
+    (),
+]
+
+
+def test_no_user_reachable_path_prints_internal_error(tmp_path):
+    """Odd but possible inputs: each ends with documented exit codes and `automdt: ` lines only.
+    (Every other CLI run of the suite checks the same through tests.util.run_cli.)"""
+    from automdt.errors import EXIT_CODES
+
+    w = _odd_world(tmp_path)
+    try:
+        for case in ODD:
+            argv = [a.format(**w) for a in case]
+            p = _popen(*argv, timeout=60)
+            what = f"automdt {' '.join(argv)}: exit {p.returncode}: {p.stderr!r}"
+            assert "internal error" not in p.stderr and "Traceback" not in p.stderr, what
+            assert p.returncode in EXIT_CODES and (p.returncode != 0 or argv[:1] == ["transfer"]), what
+            errs = [ln for ln in p.stderr.splitlines() if ln.strip()]
+            assert all(ln.startswith(("automdt: ", "usage: ")) for ln in errs), what
+    finally:
+        w["close"]()
+        w["busy"].close()
