@@ -23,8 +23,11 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         text = " ".join(str(message).split())
-        where = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
-        self.exit(errors.USAGE, f"automdt: {where}{text} (see `{self.prog} --help`)\n")
+        if self.prog == "automdt" or self.prog.startswith("automdt "):
+            where = "automdt: " + (self.prog[len("automdt "):] + ": " if " " in self.prog else "")
+        else:
+            where = f"{self.prog}: "
+        self.exit(errors.USAGE, f"{where}{text} (see `{self.prog} --help`)\n")
 
 
 def _fail(text: str) -> NoReturn:

@@ -772,36 +772,44 @@ def _policy_list(s: str) -> List[str]:
 def _size(s: str) -> int:
     from automdt.units import parse_size
 
-    return int(parse_size(s))
+    try:
+        v = int(parse_size(s))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if v < 4096:
+        raise argparse.ArgumentTypeError(f"bad size {s!r}: must be at least 4Ki")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m automdt.experiments", description=__doc__.split("\n\n")[0],
+    from automdt import cli_args as A
+
+    p = A.Parser(prog="python -m automdt.experiments", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Experiments: " + ", ".join(EXPERIMENTS) + ", all. Policies: "
                                        + ", ".join(ALL_POLICIES) + ", ppo-own (explore + train per scenario), "
                                        "or any registry spec (static:R,N,W, ppo:PATH).")
     p.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
     p.add_argument("--out", default="runs", help="parent directory of the run directories (default runs)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=A.integer(0), default=0, help="seed of datasets and policies (default 0)")
     p.add_argument("--quick", action="store_true", help="short runs and fewer policies (well under a minute)")
     p.add_argument("--scenarios", type=_csv_list, help="comma list: read-bound,net-bound,write-bound")
     p.add_argument("--policies", type=_policy_list, help="comma list of policy labels (default: the experiment's)")
-    p.add_argument("--duration", type=float, help="seconds per transfer (completion: seconds of data at the "
+    p.add_argument("--duration", type=A.seconds(), help="seconds per transfer (completion: seconds of data at the "
                    "achievable rate per dataset)")
-    p.add_argument("--rate", type=float, default=80 * MB, help="bottleneck rate in bytes/s (default 80e6)")
+    p.add_argument("--rate", type=A.number(0.0, lo_open=True, what="a rate in bytes/s"), default=80 * MB, help="bottleneck rate in bytes/s (default 80e6)")
     p.add_argument("--memory", type=_size, default=DEFAULT_MEMORY, help="staging buffer per side (default 128Mi)")
     p.add_argument("--chunk-size", type=_size, default=DEFAULT_CHUNK, help="chunk size (default 1Mi)")
-    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="control interval, s (default 1)")
-    p.add_argument("--max-threads", type=int, default=32)
+    p.add_argument("--interval", type=A.seconds(0.1, lo_open=False, hi=3600), default=DEFAULT_INTERVAL_S, help="control interval, s (default 1)")
+    p.add_argument("--max-threads", type=A.integer(1, 1024), default=32, help="per-stage thread cap (default 32)")
     p.add_argument("--data-dir", help="keep and re-use generated datasets here (default: a temp dir in /dev/shm, "
                    "removed at the end)")
     p.add_argument("--keep-data", action="store_true", help="do not remove the generated datasets")
     p.add_argument("--from", dest="from_dir", help="bottlenecks/convergence/completion/cost: recompute the tables and plots "
                    "from an earlier run directory (no transfers)")
-    p.add_argument("--own-explore", type=float, default=20.0, help="ppo-own: exploration seconds per scenario")
-    p.add_argument("--own-train", type=float, default=180.0, help="ppo-own: training wall-time budget per scenario")
-    p.add_argument("--own-target", type=float, default=0.98,
+    p.add_argument("--own-explore", type=A.seconds(), default=20.0, help="ppo-own: exploration seconds per scenario")
+    p.add_argument("--own-train", type=A.seconds(), default=180.0, help="ppo-own: training wall-time budget per scenario")
+    p.add_argument("--own-target", type=A.number(0.0, 1.0, lo_open=True, what="a fraction"), default=0.98,
                    help="ppo-own: stop training at this fraction of the fitted profile's oracle (default 0.98; "
                    "`automdt train` stops at 0.95, where a few surplus threads still cost little)")
     return p

@@ -192,3 +192,27 @@ def test_debug_is_accepted_after_the_subcommand(world, tmp_path, capsys):
     code = main(["transfer", str(world / "src"), str(tmp_path / "d"), "--threads", "1,1,1", "--no-lock", "--json",
                  "--debug"])
     assert code == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["bottlenecks", "--duration", "-5"], ["bottlenecks", "--seed", "x"],
+                                  ["cost", "--memory", "0"], ["convergence", "--own-target", "2"],
+                                  ["completion", "--rate", "0"], ["bottlenecks", "--max-threads", "0"],
+                                  ["bottlenecks", "--interval", "nan"], ["nosuch"]])
+def test_experiments_bad_values(argv, capsys):
+    from automdt.experiments.run import main as experiments_main
+
+    with pytest.raises(SystemExit) as e:
+        experiments_main(argv)
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("python -m automdt.experiments: "), err
+
+
+@pytest.mark.parametrize("name", ["bottlenecks", "convergence", "completion", "fairness", "cost", "all"])
+def test_each_experiment_has_its_own_help(name, capsys):
+    from automdt.experiments.run import EXPERIMENT_HELP, main as experiments_main
+
+    assert experiments_main([name, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: python -m automdt.experiments {name} ")
+    assert " ".join(EXPERIMENT_HELP[name].split())[:60] in " ".join(out.split())
