@@ -260,7 +260,8 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
         from automdt.receiver import ReceiverServer
 
         if opts.verify_only and not os.path.isdir(where):  # verify compares; it never creates
-            raise AutomdtError(f"{where}: destination not found", errors.DIR_NOT_FOUND)
+            raise AutomdtError(f"{where}: destination {'is not a directory' if os.path.exists(where) else 'not found'}",
+                               errors.DIR_NOT_FOUND)
         try:
             os.makedirs(where, exist_ok=True)
         except OSError as e:

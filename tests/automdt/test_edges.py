@@ -140,6 +140,32 @@ def test_receiver_log_and_session_closed_at_once_after_ctrl_c(tmp_path):
     assert first[3] + second[3] >= 6 * 32 * CHUNK
 
 
+def test_a_dead_senders_files_are_taken_over_with_one_log_line(tmp_path):
+    """kill -9 leaves the session open until --idle-timeout; the re-run takes its files over at
+    once, and the receiver says so once, not once per file."""
+    src = _tree(tmp_path, 8, 32 * CHUNK)
+    root = tmp_path / "root"
+    root.mkdir()
+    secret = _secret(tmp_path)
+    rx = ReceiverProc(str(root), secret, str(tmp_path))
+    try:
+        rx.start()
+        args = [sys.executable, "-m", "automdt", "transfer", src, f"{rx.dest}/job", "--secret-file", secret,
+                "--no-lock", "--threads", "2,2,2", "--chunk-size", str(CHUNK), "--throttle", "read.total=2M", "-q"]
+        s = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert wait_for(lambda: "opened" in rx.stderr(), 20)
+        time.sleep(1.0)
+        os.kill(s.pid, signal.SIGKILL)
+        s.wait(10)
+        code, _, err = run_cli("transfer", src, f"{rx.dest}/job", "--secret-file", secret, "--no-lock",
+                               "--chunk-size", str(CHUNK))
+        assert code == 0, err
+        assert trees_identical(src, str(root / "job"))[0]
+    finally:
+        rx.stop()
+    assert rx.stderr().count("takes over files of older session") == 1, rx.stderr()
+
+
 def test_space_refusal_leaves_no_empty_tree(tmp_path):
     mnt = tmp_path / "small"
     with tmpfs(str(mnt), "2m"):
