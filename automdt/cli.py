@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import time
 from typing import List, Optional
 
 from automdt import __version__, cli_args as A, errors, interrupts
@@ -121,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="afterwards compare every file's content digest on both ends (exit 11 on a difference)")
     t.add_argument("--bwlimit", metavar="RATE", type=A.size(0, what="rate"),
                    help="cap the network stage at RATE bytes/s, e.g. 100M (same as --throttle net.total=RATE; 0: none)")
+    t.add_argument("--shard", metavar="I/N", type=A.shard,
+                   help="move only shard I of N (0..N-1) of SRC: a deterministic, size-balanced part, the same "
+                        "on every node; each shard is its own job (lock, history, resume)")
+    t.add_argument("--metrics-file", metavar="FILE.prom", type=A.nonempty,
+                   help="write the run's figures for node_exporter's textfile collector to FILE (atomically)")
+    t.add_argument("--metrics-job", metavar="NAME", default=None, type=A.nonempty,
+                   help="job_name label of the --metrics-file series (default: the last component of SRC)")
     _debug_option(t)
 
     v = sub.add_parser("verify", help="compare a source tree with a destination by content digest",
@@ -165,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="close a session silent this long, keeping its partial files (default 60)")
     r.add_argument("--log-file", metavar="F", type=A.nonempty,
                    help="append log messages to F (reopened if logrotate moves it)")
+    r.add_argument("--metrics", metavar="HOST:PORT", type=A.hostport,
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics (port 0: any free port)")
+    r.add_argument("--max-sessions", type=A.integer(1, 100_000), default=16, metavar="N",
+                   help="senders served at once; more get 'busy' and retry (default 16)")
     _debug_option(r)
 
     d = sub.add_parser("demo", help="create a sample dataset, transfer it locally, check it, remove it",
@@ -221,7 +233,19 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--k", type=A.number(1.0, 2.0, what="a utility base"), default=1.02,
                     help="utility base per thread, 1..2 (default 1.02)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.add_argument("--tensorboard", metavar="DIR", type=A.nonempty,
+                    help="write SB3's TensorBoard logs and the evaluations' fraction of the oracle to DIR/PPO_<n>")
     _debug_option(tr)
+
+    tu = sub.add_parser("tune", help="Optuna study over PPO and reward settings in the simulator (shared storage)",
+                        description="Run trials of an Optuna study: each trains PPO in the simulator with sampled "
+                                    "hyperparameters and reward settings and scores its fraction of the oracle. "
+                                    "Processes (or nodes) given the same --storage and --study-name share one "
+                                    "study. Same as `python -m automdt.experiments tune`.", epilog=EPILOG_EXIT)
+    from automdt.experiments.sweeps import add_tune_arguments
+
+    add_tune_arguments(tu)
+    _debug_option(tu)
 
     sm = sub.add_parser("simulate", help="evaluate a policy in the simulator against the oracle",
                         description="Run a policy (a trained zip, ppo for the shipped default, or a baseline: "
@@ -322,6 +346,8 @@ def _transfer_options(args):
     from automdt.units import parse_size, parse_threads
 
     try:
+        shard = getattr(args, "shard", None)
+        args.shard_parsed = A.parse_shard_text(shard) if shard else None
         spec = args.throttle
         if getattr(args, "bwlimit", None):
             if spec.strip().startswith("@"):
@@ -333,7 +359,8 @@ def _transfer_options(args):
             threads=parse_threads(args.threads) if args.threads else (4, 4, 4),
             memory=parse_size(args.memory, "memory"), chunk_size=parse_size(args.chunk_size, "chunk size"),
             throttle=throttle, throttle_schedule=schedule, interval_s=args.interval, max_threads=args.max_threads,
-            log_path=args.log, sndbuf=parse_size(args.sndbuf, "sndbuf"), encrypt=args.encrypt)
+            log_path=args.log, sndbuf=parse_size(args.sndbuf, "sndbuf"), encrypt=args.encrypt,
+            shard=args.shard_parsed)
         check_dest(args.dest)
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
@@ -389,8 +416,9 @@ class _Lock:
             return self
         from automdt.lock import JobLock, default_lock_path
 
-        self.lock = JobLock(self.args.lock_file or default_lock_path(self.args.src, self.args.dest),
-                            self.args.lock_wait).__enter__()
+        path = self.args.lock_file or default_lock_path(self.args.src, self.args.dest,
+                                                         getattr(self.args, "shard_parsed", None))
+        self.lock = JobLock(path, self.args.lock_wait).__enter__()
         return self
 
     def __exit__(self, *exc):
@@ -410,6 +438,9 @@ def cmd_transfer(args) -> int:
         raise AutomdtError("--no-lock and --lock-file contradict each other", errors.USAGE)
     _check_policy(args)
     _check_summary_file(args)
+    if args.metrics_file:
+        A.check_output_file(args.metrics_file, "--metrics-file")
+    t0 = time.monotonic()
     # From here on the run always ends with a summary (--json, --summary-file), whatever ends it.
     lock = _Lock(args)
     try:
@@ -428,7 +459,22 @@ def cmd_transfer(args) -> int:
         summary = Summary(exit_code=e.code, errors=[interrupted(e.code)])
     with interrupts.shielded():
         _report(summary, args)
+        if args.metrics_file:
+            _write_metrics_file(args, summary, time.monotonic() - t0)
     return summary.exit_code
+
+
+def _write_metrics_file(args, summary, seconds: float) -> None:
+    """``--metrics-file``: the run's figures for node_exporter, whatever the outcome (a failed cron
+    run is news too)."""
+    from automdt.metrics import write_transfer_textfile
+
+    labels = {"job_name": args.metrics_job or os.path.basename(os.path.normpath(os.path.abspath(args.src))),
+              "shard": args.shard or "", "dest": args.dest}
+    try:
+        write_transfer_textfile(args.metrics_file, summary.as_dict(), summary.exit_code, labels, seconds=seconds)
+    except OSError as e:
+        print(f"automdt: cannot write --metrics-file {args.metrics_file}: {e.strerror or e}", file=sys.stderr)
 
 
 def _run_with_display(args, run, opts):
@@ -516,16 +562,35 @@ def cmd_receive(args) -> int:
 
     host, port = parse_hostport(args.listen)
     max_memory = parse_size(args.max_memory, "memory")
+    metrics_at = parse_hostport(args.metrics) if args.metrics else None
     if os.path.exists(args.root) and not os.path.isdir(args.root):
         raise AutomdtError(f"--root {args.root}: not a directory", errors.USAGE)
     secret = read_secret(args.secret_file) if args.secret_file else None
-    server = ReceiverServer(args.root, host, port, secret=secret, max_threads=args.max_threads,
-                            max_memory=max_memory, idle_timeout_s=args.idle_timeout, encrypt=args.encrypt)
+    metrics = None
+    if metrics_at is not None:
+        from automdt.metrics import ReceiverMetrics
+
+        metrics = ReceiverMetrics()
+        metrics_port = metrics.serve(*metrics_at)
+    try:
+        server = ReceiverServer(args.root, host, port, secret=secret, max_threads=args.max_threads,
+                                max_memory=max_memory, idle_timeout_s=args.idle_timeout, encrypt=args.encrypt,
+                                max_sessions=args.max_sessions, metrics=metrics)
+    except AutomdtError:
+        if metrics is not None:
+            metrics.close()
+        raise
     stop = threading.Event()
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda *_: stop.set())
+    if metrics is not None:
+        log.info("metrics on http://%s:%d/metrics", metrics_at[0], metrics_port)
     log.info("receiving into %s on %s:%d", os.path.abspath(args.root), host, server.port)
-    server.serve_forever(stop)
+    try:
+        server.serve_forever(stop)
+    finally:
+        if metrics is not None:
+            metrics.close()
     log.info("stopped after %d sessions", server.sessions_total)
     return 0
 
@@ -693,11 +758,16 @@ def cmd_train(args) -> int:
     out = args.output if args.output.endswith(".zip") else args.output + ".zip"
     for path, what in ((out, "-o"), (out + ".json", "-o (sidecar)")):
         A.check_output_file(path, what)
+    if args.tensorboard:
+        try:
+            os.makedirs(args.tensorboard, exist_ok=True)
+        except OSError as e:
+            raise AutomdtError(f"--tensorboard {args.tensorboard}: {e.strerror}", errors.USAGE) from None
     from automdt.agents.training import train
 
     rep = train(profile, out, timesteps=args.timesteps, seed=args.seed, k=args.k,
                 random_profiles=profile is None, progress=not args.no_progress and sys.stderr.isatty(),
-                target_fraction=args.target, max_seconds=args.max_seconds)
+                target_fraction=args.target, max_seconds=args.max_seconds, tensorboard_log=args.tensorboard)
     _out(f"policy written to {rep.model_path} ({rep.timesteps} steps in {rep.wall_s:.0f} s); "
          f"{rep.fraction_of_oracle:.1%} of the oracle's utility; curve {rep.curve_png}")
     if not rep.reached_target:
@@ -735,6 +805,13 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from automdt.experiments.sweeps import print_tune, tune
+
+    print_tune(tune(args), args.json)
+    return 0
+
+
 def cmd_exit_codes(args) -> int:
     for code, meaning in sorted(errors.EXIT_CODES.items()):
         _out(f"{code:>4}  {meaning}")
@@ -742,7 +819,7 @@ def cmd_exit_codes(args) -> int:
 
 
 COMMANDS = {"transfer": cmd_transfer, "verify": cmd_verify, "receive": cmd_receive, "demo": cmd_demo, "explore": cmd_explore,
-            "train": cmd_train, "simulate": cmd_simulate, "exit-codes": cmd_exit_codes}
+            "train": cmd_train, "simulate": cmd_simulate, "tune": cmd_tune, "exit-codes": cmd_exit_codes}
 
 
 class _Logging:

@@ -193,3 +193,19 @@ def write_atomic(path: str, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def parse_shard_text(text: str):
+    """``I/N`` -> ``(I, N)`` (``ValueError`` with a one-line reason)."""
+    from automdt.manifest import parse_shard
+
+    return parse_shard(text)
+
+
+def shard(text: str) -> str:
+    """``--shard I/N`` (checked; the text is returned unchanged)."""
+    try:
+        parse_shard_text(text)
+    except ValueError as e:
+        _fail(str(e))
+    return text

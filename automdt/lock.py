@@ -8,7 +8,7 @@ import os
 import stat
 import tempfile
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 from automdt import errors
 from automdt.errors import AutomdtError
@@ -19,10 +19,19 @@ LOCK_DIR = "automdt-locks"
 parent directory would import as a namespace package shadowing the real one."""
 
 
-def default_lock_path(src: str, dest: str) -> str:
-    """``$XDG_RUNTIME_DIR/automdt-locks/<sha256(src, dest)>.lock``, or without ``XDG_RUNTIME_DIR``
+def job_key(src: str, dest: str, shard: Optional[Tuple[int, int]] = None) -> str:
+    """The identity of a job: sha256 of SRC (absolute), DEST and, with ``--shard I/N``, the shard
+    (each shard of a tree is its own job: its own lock, history and resume)."""
+    ident = f"{os.path.abspath(src)}\0{dest}"
+    if shard is not None:
+        ident += "\0shard=%d/%d" % tuple(shard)
+    return hashlib.sha256(ident.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def default_lock_path(src: str, dest: str, shard: Optional[Tuple[int, int]] = None) -> str:
+    """``$XDG_RUNTIME_DIR/automdt-locks/<job_key>.lock``, or without ``XDG_RUNTIME_DIR``
     ``<temp dir>/automdt-locks-<uid>/...`` (one directory per user, mode 700)."""
-    key = hashlib.sha256(f"{os.path.abspath(src)}\0{dest}".encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    key = job_key(src, dest, shard)
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     base = os.path.join(runtime, LOCK_DIR) if runtime else os.path.join(tempfile.gettempdir(), f"{LOCK_DIR}-{os.geteuid()}")
     return os.path.join(base, f"{key}.lock")

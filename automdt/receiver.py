@@ -74,7 +74,6 @@ class Session:
         """The whole routing id in hex (ZeroMQ's ids share their first bytes: never cut it)."""
         self.peer = peer
         self.t_open = 0.0
-        self.files_done = 0
         self.files_failed = 0
         self.bytes_written = 0
         self.took_over: set = set()
@@ -97,6 +96,10 @@ class Session:
         self.bytes_needed = 0
         self.dry_run = False
         self.scratch = False
+        self.files_completed = 0
+        """Files renamed into place (or created empty) by this session (for metrics)."""
+        self.chunks_missing = 0
+        """Chunks the sender was told to send again after a lost connection (for metrics)."""
 
     # ----------------------------------------------------------------- messages
     def handle(self, msg: Dict[str, Any]) -> Dict[str, Any]:
@@ -239,8 +242,6 @@ class Session:
                 self._file_error([fid, code, f"{f.path}: {ex.strerror}"])
                 if code == errors.FATAL:
                     raise SessionError(f"{f.path}: {ex.strerror}", code)
-            if action == "done":
-                self.files_done += 1
             if action == "send" and not self.dry_run:
                 self.files[fid] = f
                 self.bytes_needed += size - self._partial_bytes(f)
@@ -317,6 +318,7 @@ class Session:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         _unlink(jname, dfd)
+        self.files_completed += 1
 
     def _activate(self, msg):
         out = []
@@ -400,7 +402,7 @@ class Session:
             os.fsync(dfd)
         del self.files[f.id]
         self.done.append(f.id)
-        self.files_done += 1
+        self.files_completed += 1
 
     def _release(self, f: _File) -> None:
         self.server.unclaim(self, f)
@@ -441,6 +443,7 @@ class Session:
             f = self.files.get(int(fid))
             if f is not None and f.active:
                 out[str(f.id)] = [list(r) for r in self.engine.missing(f.id)]
+                self.chunks_missing += sum(-(-r[1] // self.chunk_size) for r in out[str(f.id)])
         return {"type": "missing", "files": out}
 
     def _fail(self, msg):
@@ -547,6 +550,8 @@ class Session:
         for f in list(self.files.values()):
             self._release(f)
         self.files.clear()
+        if self.server.metrics is not None:
+            self.server.metrics.session_closed(self)
         if self.engine is not None:
             try:
                 self.bytes_written = int(_stats_dict(self.engine.stats()).get("write", {}).get("bytes", 0))
@@ -556,7 +561,7 @@ class Session:
             self.engine = None
         if self.state == "open":
             log.info("session %s %s: %d files completed, %d failed, %d left partial; %d bytes written in %.1f s",
-                     self.sid, why, self.files_done, self.files_failed, partial, self.bytes_written,
+                     self.sid, why, self.files_completed, self.files_failed, partial, self.bytes_written,
                      time.monotonic() - self.t_open)
         if self.root is not None:
             if self.scratch:
@@ -619,7 +624,8 @@ class ReceiverServer:
 
     def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
                  max_threads: int = 64, max_memory: int = 1 << 30, idle_timeout_s: float = 60.0,
-                 max_files: int = 10_000_000, max_sessions: int = 16, encrypt: bool = False):
+                 max_files: int = 10_000_000, max_sessions: int = 16, encrypt: bool = False,
+                 metrics: Any = None):
         if not os.path.isdir(root):
             raise errors.AutomdtError(f"{root}: destination root is not a directory", errors.DIR_NOT_FOUND)
         if secret is None and not is_loopback(host):
@@ -650,6 +656,9 @@ class ReceiverServer:
         self._claims: Dict[Tuple[str, ...], Tuple[Session, _File]] = {}
         self.auth_failures = 0
         self.sessions_total = 0
+        self.busy_rejections = 0
+        self.metrics = metrics
+        """An :class:`automdt.metrics.ReceiverMetrics` to keep up to date, or None."""
         self._ctx = zmq.Context()
         self.sock = self._ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -703,6 +712,7 @@ class ReceiverServer:
         stop = stop or self._stop
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        next_metrics = 0.0
         while not stop.is_set():
             if poller.poll(20):
                 try:
@@ -726,6 +736,9 @@ class ReceiverServer:
                 if now - s.last_seen > limit:
                     log.warning("session %s idle for %.0f s: closing it (partial files kept)", s.sid, now - s.last_seen)
                     s.close(f"closed after {now - s.last_seen:.0f} s idle")
+            if self.metrics is not None and now >= next_metrics:
+                next_metrics = now + 0.25
+                self.metrics.update(self)
         self._shutdown()
 
     def _dispatch(self, ident: bytes, data: bytes, peer: str = "") -> None:
@@ -743,6 +756,7 @@ class ReceiverServer:
                     # unauthenticated peers never crowd out others: the oldest pending one goes
                     self._drop(min(pending, key=lambda x: x.last_seen).ident)
                 if len(self.sessions) - len(pending) >= self.max_sessions:
+                    self.busy_rejections += 1
                     raise SessionError(f"busy: {self.max_sessions} sessions already", errors.NETWORK)
                 s = self.sessions[ident] = Session(self, ident, peer)
                 self.sessions_total += 1

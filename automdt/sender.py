@@ -23,7 +23,7 @@ import zmq
 from automdt import errors, interrupts, protocol
 from automdt.controller import Controller
 from automdt.errors import AutomdtError, Interrupted
-from automdt.manifest import Manifest, file_digest, scan
+from automdt.manifest import Manifest, file_digest, scan, shard_manifest
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,8 @@ class TransferOptions:
     sent to the receiver (``poll {write_throttle}``)."""
     schedule_t0: Optional[float] = None
     """``time.monotonic()`` origin of the schedule's ``at`` times; None: the start of :func:`run_transfer`."""
+    shard: Optional[Tuple[int, int]] = None
+    """``(I, N)``: move only shard I of N of the source tree (:func:`automdt.manifest.shard_of`)."""
 
 
 @dataclass
@@ -132,6 +134,8 @@ class Summary:
     """With ``--verify``: ``unreadable: path (source|destination): why`` lines."""
     dry_run_files: Optional[List[str]] = None
     """With ``--dry-run``: the files that would be sent (first 1000)."""
+    shard: Optional[str] = None
+    """With ``--shard``: ``"I/N"`` (the file counts are this shard's)."""
     history: List[Dict[str, Any]] = field(default_factory=list, repr=False)
     """The controller's interval records (not part of the JSON summary)."""
     retryable: bool = field(default=True, repr=False)
@@ -141,7 +145,7 @@ class Summary:
         d = dict(self.__dict__)
         d.pop("history", None)
         d.pop("retryable", None)
-        for k in ("dry_run_files", "verified", "differences", "unreadable"):
+        for k in ("dry_run_files", "verified", "differences", "unreadable", "shard"):
             if d[k] is None:
                 d.pop(k)
         d["bytes_per_second"] = round(self.bytes / self.seconds, 1) if self.seconds > 0 else 0.0
@@ -239,12 +243,16 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
                 summary.errors.append(interrupted(code))
     summary.bytes, summary.chunks_resent, summary.attempts = moved, resent, attempt + 1
     summary.seconds = time.monotonic() - t0
+    if opts.shard is not None:
+        summary.shard = "%d/%d" % opts.shard
     return summary
 
 
 def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
     t_start = time.monotonic()
     manifest = scan(src)
+    if opts.shard is not None:
+        manifest = shard_manifest(manifest, *opts.shard)
     remote, where = parse_dest(dest)
     server = None
     secret = opts.secret

@@ -882,6 +882,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import signal
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("tune", "grid"):  # sweeps: Optuna studies and submitit grids
+        from automdt.experiments.sweeps import main as sweeps_main
+
+        return sweeps_main(args)
     named = [x for x in args if x in RUNNERS or x == "all"]
     if named and any(x in ("-h", "--help") for x in args):
         try:

@@ -54,7 +54,8 @@ OPS = {
     "--log-file": OUT_FILE,
 }
 BAD = {
-    "transfer": {**ENGINE, **OPS,
+    "transfer": {**ENGINE, **OPS, "--shard": ["3/2", "x", "1/0", "-1/2", ""], "--metrics-file": OUT_FILE,
+                 "--metrics-job": [""],
                  "--policy": ["bogus", "static:0,1,1", "oracle", "nosuch_mod_amdt_i12:Policy", "ppo:/nonexistent.zip", ""],
                  "--max-duration": SECONDS_POS, "--fsync": ["sometimes"], "--chunk-retries": INT0 + ["5000"],
                  "--retries": INT0 + ["5000"], "--retries-sleep": SECONDS_NONNEG, "--timeout": SECONDS_POS + ["0.5"],
@@ -63,14 +64,20 @@ BAD = {
                "--timeout": SECONDS_POS},
     "receive": {"--listen": ["x", "127.0.0.1:99999", "127.0.0.1:x", ""], "--root": [PLAIN, ""],
                 "--secret-file": SECRET, "--max-threads": ["0", "-1", "x", ""],
-                "--max-memory": ["0", "-1", "x", "1K", ""], "--idle-timeout": SECONDS_POS, "--log-file": OUT_FILE},
+                "--max-memory": ["0", "-1", "x", "1K", ""], "--idle-timeout": SECONDS_POS, "--log-file": OUT_FILE,
+                "--metrics": ["x", "127.0.0.1:99999", ""], "--max-sessions": ["0", "-1", "x", ""]},
     "demo": {"--dir": [PROCFILE, PLAIN, ""], "--size": ["0", "-1", "x", "1K", ""], "--threads": THREADS},
     "explore": {**ENGINE, "--duration": SECONDS_POS + ["1"], "-o": OUT_FILE, "--seed": ["-1", "x", ""]},
     "train": {"--profile": PROFILE, "-o": OUT_FILE, "--timesteps": INT1, "--seed": ["-1", "x", ""],
-              "--target": ["0", "1.5", "-1", "x", ""], "--max-seconds": SECONDS_POS, "--k": ["0", "0.5", "3", "x", ""]},
+              "--target": ["0", "1.5", "-1", "x", ""], "--max-seconds": SECONDS_POS, "--k": ["0", "0.5", "3", "x", ""],
+              "--tensorboard": [PROCFILE, PLAIN, ""]},
     "simulate": {"--profile": PROFILE,
                  "--policy": ["bogus", "static:0,1,1", "nosuch_mod_amdt_i12:Policy", "ppo:/nonexistent.zip", ""],
                  "--steps": INT1 + ["2000000"], "--seed": ["-1", "x", ""], "--k": ["0", "0.5", "3", "x", ""]},
+    "tune": {"--storage": ["garbage", f"journal:{NOFILE}", ""], "--study-name": [""], "--trials": INT1,
+             "--timesteps": INT1, "--profile": PROFILE, "--k": ["0", "0.5", "3", "x", ""], "--seed": ["-1", "x", ""],
+             "--sampler-seed": ["-1", "x", ""], "--startup-trials": ["-1", "x", ""], "--timeout": SECONDS_POS,
+             "--trial-seconds": SECONDS_POS, "--keep": [NOFILE, PLAIN, ""]},
     "exit-codes": {},
 }
 
@@ -129,6 +136,8 @@ def _base(cmd, world, out):
         "explore": [src, str(out / "dst"), "-o", str(out / "p.yaml"), "--duration", "3"],
         "train": ["-o", str(out / "p.zip"), "--timesteps", "64", "--profile", str(world / "profile.yaml")],
         "simulate": ["--profile", str(world / "profile.yaml"), "--steps", "2"],
+        "tune": ["--storage", f"journal:{out}/study.log", "--study-name", "amdt-i12", "--trials", "1",
+                 "--timesteps", "64"],
         "exit-codes": [],
     }[cmd]
 
