@@ -28,6 +28,8 @@ MIN_CHUNK, MAX_CHUNK = 4 << 10, 64 << 20
 FILE_ONLY = {"file_only": True}
 """``extra=`` of a log record that goes to --log-file only (stderr gets the same text another way)."""
 QUIET_CODES = (errors.OK, errors.MAX_DURATION, errors.LOCK_BUSY)
+ORACLE_ONLY_IN_SIMULATOR = ("policy 'oracle' needs the path's true profile, so it runs only in the simulator "
+                            "(automdt simulate --policy oracle)")
 """Outcomes ``--quiet`` reports by exit code only (and in --summary-file/--log-file), not on stderr."""
 
 
@@ -305,8 +307,7 @@ def _resolve_policy(args, max_threads: int):
             raise AutomdtError(f"--policy {spec}: {e}", errors.USAGE) from None
         return None, triple
     if spec.strip().lower() == "oracle":
-        raise AutomdtError("policy 'oracle' needs the path's true profile, so it runs only in the simulator "
-                           "(automdt simulate --policy oracle)", errors.USAGE)
+        raise AutomdtError(ORACLE_ONLY_IN_SIMULATOR, errors.USAGE)
     try:
         from automdt.agents.registry import make_policy
     except ImportError:
@@ -325,8 +326,7 @@ def _check_policy(args) -> None:
     if spec is None:
         return
     if spec.strip().lower() == "oracle":
-        raise AutomdtError("policy 'oracle' needs the path's true profile, so it runs only in the simulator "
-                           "(automdt simulate --policy oracle)", errors.USAGE)
+        raise AutomdtError(ORACLE_ONLY_IN_SIMULATOR, errors.USAGE)
     try:
         from automdt.agents.registry import check_spec
     except ImportError:

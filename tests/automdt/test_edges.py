@@ -92,7 +92,7 @@ def test_explore_into_a_remote_destination_that_holds_the_data(tmp_path):
                    "--throttle", "read.total=3M", "--json", "--allow-weak-fit")
         assert p.returncode == 0, p.stderr
         res = json.loads(p.stdout)
-        assert res["rounds"] >= 2 and res["intervals"] >= 5, res
+        assert res["rounds"] >= 2 and res["intervals"] >= 3, res  # the rounds after the first went to scratch
         assert not any("ended after" in r for r in res["weak_fit"]), res["weak_fit"]
         assert sorted(os.listdir(root / "job")) == ["d0", "d1", "d2"]  # no scratch left, stale one removed
         assert trees_identical(src, str(root / "job"))[0]

@@ -196,6 +196,7 @@ def test_remote_receiver_with_secret_and_wrong_secret(make_tree, receiver_proc, 
     assert trees_identical(src, str(root / "into" / "here"))[0]
     bad = tmp_path / "bad"
     bad.write_text("wrong")
+    bad.chmod(0o600)
     code, _, err = run_cli("transfer", src, f"127.0.0.1:{port}/other", "--json", "--secret-file", str(bad))
     assert code == errors.FATAL and "authentication" in err
     code, _, err = run_cli("transfer", src, f"127.0.0.1:{port}/other", "--json")
