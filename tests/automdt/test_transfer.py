@@ -344,7 +344,11 @@ def test_source_file_changing_during_read_is_detected(make_tree, tmp_path):
     args = [sys.executable, "-m", "automdt", "transfer", src, str(dst), "--json", "--threads", "1,1,1",
             "--chunk-size", str(CHUNK), "--memory", "1Mi", "--throttle", "read.total=1M"]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)
+    # once the file is being read (its partial exists): a fixed sleep raced the start-up under load
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (dst.exists() and any(n.endswith(".part") for n in os.listdir(dst))):
+        time.sleep(0.02)
+    time.sleep(0.2)
     with open(os.path.join(src, "grow.bin"), "ab") as f:
         f.write(b"more data")
     out, err = p.communicate(timeout=60)
