@@ -290,6 +290,7 @@ def train(
     changes: Any = None,
     tensorboard_log: Optional[Union[str, os.PathLike]] = None,
     eval_hook: Optional[Any] = None,
+    cold_start: bool = True,
 ) -> TrainReport:
     """Train a PPO policy in the simulator and write it with its metadata and learning curve.
 
@@ -335,6 +336,9 @@ def train(
         ``eval/fraction_of_oracle``, ``eval/min_fraction_of_oracle`` and ``eval/mean_step_reward``.
     :param eval_hook: called as ``eval_hook(timesteps, fraction_of_oracle)`` after every
         evaluation; a true return stops training (stop reason ``"hook"``; e.g. Optuna pruning).
+    :param cold_start: with ``random_profiles``, choose the policy's cold start in the simulator
+        (:func:`automdt.agents.cold_start.choose_cold_start`, about 15 s) and record it as
+        the metadata's ``start``; a policy trained on one profile starts at its oracle triple.
     """
     import torch as th
     from stable_baselines3 import PPO
@@ -532,7 +536,12 @@ def train(
     reached = target_fraction is not None and state["best"] >= target_fraction
 
     obs_space, act_space = ppo_sb3.simulator_spaces(cfg.frame_stack, cfg.features)
-    start = _policy_start(profile, k, random_profiles)
+    if random_profiles and cold_start:
+        from automdt.agents.cold_start import choose_cold_start
+
+        start = choose_cold_start(ppo_mod.PPOPolicy(model.policy, deterministic=True, metadata=eval_meta))
+    else:
+        start = _policy_start(profile, k, random_profiles)
     meta: Dict[str, Any] = {
         "format": ppo_mod.POLICY_FORMAT,
         "algorithm": "PPO",

@@ -124,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="afterwards compare every file's content digest on both ends (exit 11 on a difference)")
     t.add_argument("--bwlimit", metavar="RATE", type=A.size(0, what="rate"),
                    help="cap the network stage at RATE bytes/s, e.g. 100M (same as --throttle net.total=RATE; 0: none)")
+    t.add_argument("--no-history", action="store_true",
+                   help="neither start from nor record this job's history (where its last run settled; kept under "
+                        "$XDG_STATE_HOME/automdt/, default ~/.local/state/automdt/)")
     t.add_argument("--shard", metavar="I/N", type=A.shard,
                    help="move only shard I of N (0..N-1) of SRC: a deterministic, size-balanced part, the same "
                         "on every node; each shard is its own job (lock, history, resume)")
@@ -378,6 +381,35 @@ def _transfer_options(args):
     return opts
 
 
+def _with_history(args, run_transfer):
+    """The transfer, with the job's history (:mod:`automdt.history`) read before and written after
+    (unless ``--no-history`` or ``--dry-run``); an unusable history file is one warning line. The
+    history is keyed like the job lock (SRC, DEST and ``--shard``)."""
+    if args.no_history or args.dry_run:
+        return lambda o: run_transfer(args.src, args.dest, o)
+
+    def run(opts):
+        from automdt import history
+        from automdt.lock import job_key
+
+        key = job_key(args.src, args.dest, getattr(args, "shard_parsed", None))
+        path = history.history_path(key)
+        rec, warning = history.load(path)
+        if warning:
+            log.warning("%s", warning)
+        if opts.policy is not None:
+            opts.history = rec
+        summary = run_transfer(args.src, args.dest, opts)
+        name = getattr(opts.policy, "name", None) or "static:%d,%d,%d" % tuple(opts.threads)
+        failed = history.update(path, summary.history, previous=rec, policy=name, max_threads=opts.max_threads,
+                                job=key, src=os.path.abspath(args.src), dest=args.dest)
+        if failed and not warning:  # one line per run: an unreadable file is usually unwritable too
+            log.warning("%s", failed)
+        return summary
+
+    return run
+
+
 def _throttle_option(spec: str):
     """``--throttle SPEC`` or ``--throttle @FILE`` (a schedule): ``(limits, schedule or None)``."""
     from automdt.throttle import parse_throttle_option
@@ -447,7 +479,9 @@ def cmd_transfer(args) -> int:
         interrupts.ready()
         with lock:
             opts.policy, opts.threads = _resolve_policy(args, args.max_threads)
-            summary = _run_with_display(args, lambda o: run_transfer(args.src, args.dest, o), opts)
+            if opts.policy is not None and args.threads:
+                opts.start_threads = opts.threads  # explicit start counts win over the job's history
+            summary = _run_with_display(args, _with_history(args, run_transfer), opts)
     except AutomdtError as e:
         if e.code == errors.USAGE and lock.lock is None and not args.no_lock:
             raise  # the lock file itself is unusable: a usage error, before anything started
@@ -759,6 +793,11 @@ def cmd_train(args) -> int:
     for path, what in ((out, "-o"), (out + ".json", "-o (sidecar)")):
         A.check_output_file(path, what)
     if args.tensorboard:
+        try:
+            import tensorboard  # noqa: F401  (SB3 writes through torch's SummaryWriter, which needs it)
+        except ImportError:
+            raise AutomdtError("--tensorboard needs the tensorboard package (pip install 'automdt[sweeps]')",
+                               errors.USAGE) from None
         try:
             os.makedirs(args.tensorboard, exist_ok=True)
         except OSError as e:

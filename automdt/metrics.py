@@ -88,9 +88,7 @@ class ReceiverMetrics:
         if rejected > self._control_rejected:
             self.rejected.labels(channel="control").inc(rejected - self._control_rejected)
             self._control_rejected = rejected
-        if server.sessions_total > self._sessions_seen:
-            self.sessions.inc(server.sessions_total - self._sessions_seen)
-            self._sessions_seen = server.sessions_total
+        self._count_sessions(server)
         active = 0
         threads = dict.fromkeys(_STAGES, 0)
         fill = cap = 0
@@ -110,9 +108,18 @@ class ReceiverMetrics:
         self.buffer_capacity.set(cap)
         self.buffer_fill.set(fill / cap if cap else 0.0)
 
+    def _count_sessions(self, server: Any) -> None:
+        if server.sessions_total > self._sessions_seen:
+            self.sessions.inc(server.sessions_total - self._sessions_seen)
+            self._sessions_seen = server.sessions_total
+
     def session_closed(self, session: Any) -> None:
-        """A session's last counters, taken just before its engine closes."""
+        """A session's last counters, taken just before its engine closes (with the sessions
+        counter: a session that opens and closes within one update period still counts)."""
         self._take(session)
+        server = getattr(session, "server", None)
+        if server is not None:
+            self._count_sessions(server)
 
     def _take(self, s: Any) -> Optional[Any]:
         """Add what ``s`` counted since the last look; returns its engine stats (or None)."""

@@ -99,6 +99,10 @@ class TransferOptions:
     """``time.monotonic()`` origin of the schedule's ``at`` times; None: the start of :func:`run_transfer`."""
     shard: Optional[Tuple[int, int]] = None
     """``(I, N)``: move only shard I of N of the source tree (:func:`automdt.manifest.shard_of`)."""
+    start_threads: Optional[Tuple[int, int, int]] = None
+    """``--threads`` given with a policy: the counts the policy starts from (:mod:`automdt.start`)."""
+    history: Any = None
+    """The job's :class:`automdt.history.JobRecord` (its last run), for the start; None: none or off."""
 
 
 @dataclass
@@ -140,12 +144,14 @@ class Summary:
     """The controller's interval records (not part of the JSON summary)."""
     retryable: bool = field(default=True, repr=False)
     """A network failure worth retrying (not part of the JSON summary)."""
+    start: Optional[Dict[str, Any]] = None
+    """Where the thread counts started and why (the interval log's ``start``; :mod:`automdt.start`)."""
 
     def as_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
         d.pop("history", None)
         d.pop("retryable", None)
-        for k in ("dry_run_files", "verified", "differences", "unreadable", "shard"):
+        for k in ("dry_run_files", "verified", "differences", "unreadable", "shard", "start"):
             if d[k] is None:
                 d.pop(k)
         d["bytes_per_second"] = round(self.bytes / self.seconds, 1) if self.seconds > 0 else 0.0
@@ -362,6 +368,7 @@ class _Transfer:
         self.summary.seconds = time.monotonic() - self.t_start
         if getattr(self, "controller", None) is not None:
             self.summary.history = self.controller.history
+            self.summary.start = (self.controller.start_record or {}).get("start")
         code = interrupts.pending()
         self.summary.exit_code = code if code is not None else errors.worst(self.codes)
         return self.summary
@@ -548,13 +555,14 @@ class _Transfer:
             self.engine.set_threads(t[0], t[1])
             self.want_write = t[2]
 
-        ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file)
+        ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file,
+                                            **self._start())
         if self.clock is not None or any(any(v) for v in self.limits.values()):
             from automdt.throttle import format_throttle
 
             ctrl.annotations["throttle"] = format_throttle(self.limits)
         ctrl.start()
-        last_progress = time.monotonic()
+        loop_start = last_progress = time.monotonic()
         last_written = -1
         quiet_since: Optional[float] = None
         deadline = self.t_start + self.o.max_duration_s if self.o.max_duration_s else None
@@ -587,7 +595,20 @@ class _Transfer:
             self.summary.threads = dict(zip(("read", "net", "write"), ctrl.threads))
             if self.o.progress:
                 self.o.progress(self.summary, ctrl)
-            time.sleep(0.02)
+            # poll every 2 ms at first, easing to every 20 ms within 0.2 s: a small transfer ends
+            # (and the next run starts) without waiting out fixed 20 ms pauses
+            time.sleep(min(0.02, 0.002 + 0.1 * (now - loop_start)))
+
+    def _start(self) -> Dict[str, Any]:
+        """The controller's ``start`` and ``bound`` (:mod:`automdt.start`): the dataset bound counts
+        the chunks of the files this run sends."""
+        from automdt.start import choose_start, chunks_to_move, dataset_bound
+
+        bound = dataset_bound(chunks_to_move((self.m.files[i].size for i in self.pending), self.chunk_size),
+                              self.o.max_threads)
+        start = choose_start(self.policy, self.o.max_threads, explicit=self.o.start_threads,
+                             history=self.o.history, bound=bound)
+        return {"start": start, "bound": bound}
 
     def _follow_schedule(self, ctrl: Controller, now: float) -> None:
         """Apply the schedule's entry that became due: read/net here, write via the next poll."""

@@ -12,12 +12,12 @@ file system. Any number of processes or nodes started with the same ``--storage`
 median pruner stops hopeless ones early.
 
 ``python -m automdt.experiments grid`` runs every (scenario, policy, seed) cell in the simulator
-as a submitit job: its local executor (separate processes) here, Slurm where ``sbatch`` exists
+as a submitit job: its local executor (separate processes) here, Slurm where a controller answers ``sinfo``
 (``--executor auto``), so a grid runs side by side instead of one cell after another. Results:
 ``grid.csv``, ``results.md`` and ``config.json`` in the run directory.
 
 Exit codes: 0 done; 2 bad option, or a storage that cannot be opened (unreachable, missing
-directory, missing database driver).
+directory, missing database driver); 1 a grid job failed or could not be submitted.
 """
 from __future__ import annotations
 
@@ -35,10 +35,21 @@ SEARCH_SPACE_VERSION = 1
 """Recorded in the study; bump when :func:`suggest_config` changes what it samples."""
 
 
+def _need(module: str) -> Any:
+    """Import an optional dependency of the ``sweeps`` extra, or exit 2 saying how to get it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise AutomdtError(f"this needs {module.split('.')[0]} (pip install 'automdt[sweeps]'; `make setup` "
+                           f"installs it)", errors.USAGE) from None
+
+
 # ----------------------------------------------------------------------------------- storage
 def open_storage(url: str) -> Any:
     """An Optuna storage for ``url`` (see the module docstring); AutomdtError(2) if it cannot be used."""
-    import optuna
+    optuna = _need("optuna")
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     if not url or not url.strip():
@@ -140,7 +151,7 @@ def tune(args: argparse.Namespace) -> Dict[str, Any]:
     import shutil
     import tempfile
 
-    import optuna
+    optuna = _need("optuna")
 
     if args.trials < 1 or args.timesteps < 1:
         raise AutomdtError("--trials and --timesteps must be at least 1", errors.USAGE)
@@ -265,7 +276,7 @@ def grid(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int]
     import csv
     import shutil
 
-    import submitit
+    submitit = _need("submitit")
 
     from automdt.experiments.scenarios import SCENARIOS
 
@@ -283,7 +294,16 @@ def grid(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int]
         raise AutomdtError("--scenarios, --policies and --seeds must not be empty", errors.USAGE)
     if executor not in ("auto", "local", "slurm", "debug"):
         raise AutomdtError(f"--executor {executor}: one of auto, local, slurm, debug", errors.USAGE)
-    cluster = None if executor == "auto" else executor
+    cluster = executor
+    if executor == "auto":  # Slurm when a controller answers (sbatch alone may be an unconfigured install)
+        import subprocess
+
+        try:
+            up = shutil.which("sinfo") is not None and subprocess.run(
+                ["sinfo", "-h"], capture_output=True, timeout=15).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            up = False
+        cluster = "slurm" if up else "local"
     if cluster == "slurm" and shutil.which("sbatch") is None:
         raise AutomdtError("--executor slurm: sbatch not found (use local or auto)", errors.USAGE)
     os.makedirs(out_dir, exist_ok=True)
@@ -297,8 +317,13 @@ def grid(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int]
     wave = len(cells) if ex.cluster == "slurm" else max(1, parallel)
     for i in range(0, len(cells), wave):
         part = cells[i:i + wave]
-        jobs = ex.map_array(run_cell, [c[0] for c in part], [c[1] for c in part], [c[2] for c in part],
-                            [steps] * len(part), [k] * len(part))
+        try:
+            jobs = ex.map_array(run_cell, [c[0] for c in part], [c[1] for c in part], [c[2] for c in part],
+                                [steps] * len(part), [k] * len(part))
+        except Exception as e:  # e.g. sbatch present but no Slurm controller answering
+            first = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
+            raise AutomdtError(f"cannot submit the grid to the {ex.cluster} executor: {first} "
+                               f"(--executor local runs it here)", errors.ERROR) from None
         for j in jobs:
             try:
                 results.append(j.result())
@@ -339,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--policies", default="ppo,marlin,falcon,globus,heuristic,model")
     g.add_argument("--seeds", default="0,1,2")
     g.add_argument("--steps", type=int, default=60, help="control intervals per cell (default 60)")
-    g.add_argument("--executor", default="auto", help="auto (Slurm if present, else local), local, slurm, debug")
+    g.add_argument("--executor", default="auto",
+                   help="auto (Slurm if a controller answers `sinfo`, else local), local, slurm, debug")
     g.add_argument("--parallel", type=int, default=os.cpu_count() or 2, help="cells at once (default: cores)")
     g.add_argument("--out", default=None, help="run directory (default runs/grid-<time>)")
     return p

@@ -20,7 +20,7 @@ Printed (and written with ``--json FILE``):
   session for its threads' stacks, sockets and bookkeeping (``--overhead-mib``, default 4);
 * Jain's fairness index J = (sum x)^2 / (n sum x^2) of the senders' throughputs, over whole runs
   (bytes / own seconds; start-up order skews it: an early sender has the link to itself) and
-  second by second over the senders active in each second (from each sender's ``--log``
+  per 5-s period over the senders active through that period (from each sender's ``--log``
   intervals); 1 is perfectly even, 1/n is one sender taking everything;
 * aggregate throughput, the daemon's /metrics after the run (sessions, files, bytes), and
   whether it still serves a fresh transfer afterwards.
@@ -85,51 +85,29 @@ def rss(pid: int) -> int:
     return 0
 
 
-def sh(*cmd, check=True):
-    return subprocess.run(list(cmd), capture_output=True, text=True, check=check, timeout=30)
-
-
 class Net:
-    """Loopback, or (root and a rate) two namespaces joined by a tbf-limited veth."""
+    """Loopback, or (root and a rate) two namespaces joined by a tbf-limited veth (the fairness
+    experiment's :class:`automdt.experiments.fairness.SharedLink`)."""
 
     def __init__(self, rate_mbps: float):
-        tag = os.getpid() % 100000
-        self.use_ns = rate_mbps > 0 and os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc")
-        self.rate = rate_mbps * 1e6
-        self.snd, self.rcv = f"amdt-i14-ld{tag}s", f"amdt-i14-ld{tag}r"
-        self.if_s, self.if_r = f"i14l{tag}s"[:15], f"i14l{tag}r"[:15]
-        self.ip_s, self.ip_r = ("10.215.7.1", "10.215.7.2") if self.use_ns else ("127.0.0.1", "127.0.0.1")
-        self.made = []
+        from automdt.experiments.fairness import SharedLink, netns_available
+
+        self.use_ns = rate_mbps > 0 and netns_available()[0]
+        self.link = SharedLink(rate_mbps * 1e6, prefix="amdt-i14-ld") if self.use_ns else None
+        self.ip_r = self.link.ip_rcv if self.use_ns else "127.0.0.1"
 
     def __enter__(self):
-        if not self.use_ns:
-            return self
-        try:
-            for ns in (self.snd, self.rcv):
-                sh("ip", "netns", "add", ns)
-                self.made.append(ns)
-                sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "link", "add", self.if_s, "netns", self.snd, "type", "veth", "peer", "name", self.if_r,
-               "netns", self.rcv)
-            sh("ip", "-n", self.snd, "addr", "add", self.ip_s + "/30", "dev", self.if_s)
-            sh("ip", "-n", self.rcv, "addr", "add", self.ip_r + "/30", "dev", self.if_r)
-            sh("ip", "-n", self.snd, "link", "set", self.if_s, "up")
-            sh("ip", "-n", self.rcv, "link", "set", self.if_r, "up")
-            burst = max(64 * 1024, int(self.rate * 0.004))
-            sh("ip", "netns", "exec", self.snd, "tc", "qdisc", "add", "dev", self.if_s, "root", "tbf",
-               "rate", f"{int(self.rate * 8)}bit", "burst", str(burst), "latency", "50ms")
-        except BaseException:
-            self.__exit__()
-            raise
+        if self.link is not None:
+            self.link.__enter__()
         return self
 
     def __exit__(self, *exc):
-        for ns in reversed(self.made):
-            sh("ip", "netns", "del", ns, check=False)
-        self.made.clear()
+        if self.link is not None:
+            self.link.__exit__(*exc)
 
-    def wrap(self, ns_attr: str, cmd):
-        return ["ip", "netns", "exec", getattr(self, ns_attr)] + cmd if self.use_ns else cmd
+    def wrap(self, side: str, cmd):
+        """``cmd`` run in the sender (``snd``) or receiver (``rcv``) namespace."""
+        return ["ip", "netns", "exec", getattr(self.link, side)] + cmd if self.use_ns else cmd
 
 
 def scrape(net: Net, port: int) -> dict:
@@ -150,11 +128,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--senders", type=int, default=32)
     ap.add_argument("--files", type=int, default=8, help="files per sender (default 8)")
-    ap.add_argument("--mib", type=float, default=16, help="MiB per sender (default 16)")
-    ap.add_argument("--policies", default="marlin", help="comma list cycled over the senders (default marlin)")
+    ap.add_argument("--mib", type=float, default=32, help="MiB per sender (default 32)")
+    ap.add_argument("--policies", default="ppo", help="comma list cycled over the senders (default ppo, the shipped policy)")
     ap.add_argument("--link-mbps", type=float, default=40, help="shared link rate MB/s (0: loopback; default 40)")
     ap.add_argument("--memory", default="8Mi", help="each sender's --memory (default 8Mi)")
     ap.add_argument("--max-memory", default="8Mi", help="the receiver's per-session --max-memory (default 8Mi)")
+    ap.add_argument("--chunk-size", default="1Mi",
+                    help="senders' --chunk-size (default 1Mi: a fair share of 40/32 MB/s is ~1 chunk a second)")
+    ap.add_argument("--bin", type=float, default=5.0, help="seconds per period of the per-period Jain index (default 5)")
     ap.add_argument("--overhead-mib", type=float, default=4.0, help="allowance per session beyond its buffer")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", metavar="FILE")
@@ -203,7 +184,7 @@ def main(argv=None) -> int:
             t_launch = time.time()
             for i in range(n):
                 cmd = [PY, "-m", "automdt", "transfer", os.path.join(work, f"src{i:02d}"),
-                       f"{net.ip_r}:{port}/dst{i:02d}", "--secret-file", secret, "--json", "--memory", a.memory,
+                       f"{net.ip_r}:{port}/dst{i:02d}", "--secret-file", secret, "--json", "--memory", a.memory, "--chunk-size", a.chunk_size,
                        "--log", os.path.join(work, f"s{i:02d}.log")]
                 pol = policies[i % len(policies)]
                 cmd += ["--policy", pol]
@@ -232,7 +213,7 @@ def main(argv=None) -> int:
                 except (ValueError, IndexError):
                     sums.append({"exit_code": procs[i].returncode, "bytes": 0, "seconds": 0, "errors": [err[-300:]]})
             codes = [p.returncode for p in procs]
-            window_jain, window = _window_jain(work, sums, ends)
+            window_jain, window = _window_jain(work, sums, ends, a.bin)
             identical = [same_tree(os.path.join(work, f"src{i:02d}"), os.path.join(root, f"dst{i:02d}")) for i in range(n)]
             metrics = scrape(net, 9215)
             # still serving: one more transfer after the storm
@@ -285,13 +266,14 @@ def main(argv=None) -> int:
     return 0 if ok else 1
 
 
-def _window_jain(work, sums, ends):
-    """Jain's index of the senders' shares of the link second by second.
+def _window_jain(work, sums, ends, bin_s=5.0):
+    """Jain's index of the senders' shares of the link, period by period.
 
     Each sender's ``--log`` has one record per interval with ``t`` (seconds since its controller
     started) and the network stage's bytes; its start in wall time is its exit time minus the
     summary's ``seconds`` (the handshake before the first interval is a fraction of a second).
-    Time is cut into 1-s bins; in each bin, the senders between their first and last interval
+    Time is cut into ``bin_s`` periods (several chunks per sender each, or the chunk granularity
+    dominates); in each bin, the senders between their first and last interval
     are the active ones, and Jain's index is taken over the bytes each of them moved in that bin.
     Returns ({"mean": index averaged over bins with at least 2 active senders, weighted by how many
     were active, "bins": how many such bins, "max_active": most senders active in one bin,
@@ -314,11 +296,12 @@ def _window_jain(work, sums, ends):
         return None, (0.0, 0.0)
     t0 = min(rows[0][0] for rows in recs)
     t1 = max(rows[-1][0] for rows in recs)
-    nb = int(t1 - t0) + 1
+    nb = int((t1 - t0) / bin_s) + 1
     per_bin = []
     for b in range(nb):
-        lo, hi = t0 + b, t0 + b + 1
-        active = [rows for rows in recs if rows[0][0] < hi and rows[-1][0] >= lo]
+        lo, hi = t0 + b * bin_s, t0 + (b + 1) * bin_s
+        # active: logging from before this period to after it (first and last periods are partial)
+        active = [rows for rows in recs if rows[0][0] <= lo and rows[-1][0] >= hi]
         if len(active) >= 2:
             per_bin.append((len(active), jain([sum(x for t, x in rows if lo <= t < hi) for rows in active])))
     if not per_bin:
@@ -326,6 +309,7 @@ def _window_jain(work, sums, ends):
     mx = max(n for n, _ in per_bin)
     top = [j for n, j in per_bin if n >= 0.75 * mx]
     return ({"mean": round(sum(n * j for n, j in per_bin) / sum(n for n, _ in per_bin), 4), "bins": len(per_bin),
+             "bin_s": bin_s,
              "max_active": mx, "mean_at_max": round(sum(top) / len(top), 4)}, (t0, t1))
 
 
@@ -344,8 +328,8 @@ def _print(r):
     print(f"  throughput: aggregate {r['aggregate_MBps']} MB/s; per sender min {pm['min']} / median {pm['median']} / "
           f"max {pm['max']} MB/s")
     jw = r["jain_common_window"] or {}
-    print(f"  Jain's fairness index: whole runs (bytes / own seconds) {r['jain_whole_runs']}; second by second over "
-          f"the senders active then: mean {jw.get('mean')} over {jw.get('bins')} s, {jw.get('mean_at_max')} while "
+    print(f"  Jain's fairness index: whole runs (bytes / own seconds) {r['jain_whole_runs']}; per {jw.get('bin_s')}-s period over "
+          f"the senders active through it: mean {jw.get('mean')} over {jw.get('bins')} periods, {jw.get('mean_at_max')} while "
           f">= 3/4 of the peak {jw.get('max_active')} were active")
     print(f"  daemon after the run: {r['metrics_after']}; still serving a new transfer: {r['still_serving']}")
     print(f"  ok: {r['ok']}")

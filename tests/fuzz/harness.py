@@ -38,6 +38,21 @@ import time
 
 import atheris
 
+
+def _preload_engine() -> None:
+    """``AMDT_FUZZ_ENGINE=/path/_engine.so``: use that build of the C engine (e.g. the gcov-
+    instrumented one of ``scripts/fuzz_receiver.py --c-coverage``) instead of the installed one."""
+    path = os.environ.get("AMDT_FUZZ_ENGINE")
+    if path:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("automdt.transfer_engine._engine", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+
+
+_preload_engine()
 with atheris.instrument_imports(include=["automdt"]):
     from automdt import protocol
     from automdt.receiver import ReceiverServer
@@ -325,7 +340,27 @@ class Harness:
             return [self.value(fdp, depth - 1) for _ in range(fdp.ConsumeIntInRange(0, 4))]
         return {fdp.ConsumeUnicode(4): self.value(fdp, depth - 1) for _ in range(fdp.ConsumeIntInRange(0, 3))}
 
+    def tls_session(self):
+        """A second open session that requires TLS on its data connections (``encrypt``)."""
+        t = getattr(self, "tls", None)
+        if t is None or self.srv.sessions.get(t[0]) is not t[1] or t[1].state != "open":
+            ident = self.ident()
+            cn = protocol.nonce()
+            self.call(ident, {"type": "hello", "version": protocol.VERSION, "nonce": cn, "seq": 1})
+            s = self.srv.sessions[ident]
+            self.call(ident, {"type": "auth", "mac": protocol.mac(SECRET, "client", s.server_nonce, cn), "seq": 2})
+            self.call(ident, {"type": "open", "subdir": "tls", "chunk_size": CHUNK, "memory": 256 << 10,
+                              "write_threads": 1, "encrypt": True, "seq": 3})
+            if s.state != "open":
+                raise Finding("a valid encrypted handshake did not open a session")
+            self.tls = t = (ident, s)
+        return t
+
     def data(self, fdp) -> None:
+        if fdp.ConsumeIntInRange(0, 15) == 15:  # garbage where a TLS ClientHello belongs
+            ident, s = self.tls_session()
+            self.connection(s, fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 2048)), tls=True)
+            return
         ident, s = self.alive_session()
         token = s.token if fdp.ConsumeIntInRange(0, 15) else fdp.ConsumeBytes(32).ljust(32, b"\0")
         magic = b"AMDTDATA" if fdp.ConsumeIntInRange(0, 15) else fdp.ConsumeBytes(8).ljust(8, b"\0")
@@ -347,13 +382,28 @@ class Harness:
             body += FRAME.pack(mg, fid % 2**32, off, ln % 2**32, flags, h) + payload
         if fdp.ConsumeIntInRange(0, 3) == 0:
             body += fdp.ConsumeBytes(fdp.remaining_bytes())
+        stream = magic + token + bytes(body)
+        if fdp.ConsumeIntInRange(0, 7) == 7:  # cut anywhere: in the hello, a header or a payload
+            stream = stream[:fdp.ConsumeIntInRange(0, len(stream))]
+        self.connection(s, stream)
+        if s.done or not all(fid in s.files for fid in self.sizes):
+            s.done.clear()
+            self.register_files()  # completed (renamed) files: fresh ones to aim at
+
+    def connection(self, s, stream: bytes, tls: bool = False) -> None:
+        """One data connection carrying ``stream``, half-closed; the receiver must close it
+        within 10 s, and never answer a plain one (a TLS server may: its handshake, an alert)."""
         before = s.engine.stats()
         c = socket.create_connection(("127.0.0.1", s.engine.port), timeout=10)
         try:
-            c.sendall(magic + token + bytes(body))
+            c.sendall(stream)
             c.shutdown(socket.SHUT_WR)
             try:
-                if c.recv(1) != b"":
+                deadline = time.monotonic() + 10
+                while tls and c.recv(65536) != b"":
+                    if time.monotonic() > deadline:
+                        raise socket.timeout
+                if not tls and c.recv(1) != b"":
                     raise Finding("the receiver answered on a data connection")
             except socket.timeout:
                 raise Finding("the receiver did not close a finished data connection within 10 s") from None
@@ -371,9 +421,6 @@ class Harness:
             d = getattr(after, name) - getattr(before, name)
             if d:
                 self.outcomes[name] = self.outcomes.get(name, 0) + d
-        if s.done or not all(fid in s.files for fid in self.sizes):
-            s.done.clear()
-            self.register_files()  # completed (renamed) files: fresh ones to aim at
 
 
 def _frames(fid: int, data: bytes) -> bytes:
