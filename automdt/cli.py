@@ -915,7 +915,7 @@ class _Logging:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     # a signal during the start-up is acted on once the command can report it (interrupts.ready)
-    with interrupts.handling(start_shielded=True):
+    with interrupts.handling(start_shielded=True, process_exit=argv is None):
         try:
             args = parser.parse_args(argv)
         except SystemExit as e:  # --help, --version, or a usage error (already printed, one line)

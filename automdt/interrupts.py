@@ -53,13 +53,22 @@ def _handler(signum: int, frame) -> None:
         raise Interrupted(s.code)
 
 
+def _late(signum: int, frame) -> None:
+    """After the command: the outcome is decided and reported; a late signal changes nothing."""
+    _state.count += 1
+
+
 @contextmanager
-def handling(start_shielded: bool = False) -> Iterator[None]:
+def handling(start_shielded: bool = False, process_exit: bool = False) -> Iterator[None]:
     """Install the handlers for the duration (nests; outside the main thread: does nothing).
 
     With ``start_shielded`` (the CLI's start-up) the handlers begin shielded, so a signal that
     arrives while the command line is parsed and checked is only recorded, until :func:`ready`
     says the command can report it (a transfer: once its summary can be written).
+    With ``process_exit`` (the ``automdt`` process itself) the handlers are not restored at the
+    end: the signals are blocked instead (and ignored should one get through), because the second
+    Ctrl-C of a pair may arrive after the summary is out, while the interpreter shuts down (which
+    resets every handler to the default), and must neither kill the process nor change its code.
     """
     if not _main_thread():
         yield
@@ -75,8 +84,10 @@ def handling(start_shielded: bool = False) -> Iterator[None]:
     finally:
         _state.depth -= 1
         if _state.depth == 0:
+            if process_exit:
+                signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # pending ones die with the process
             for s, h in _state.old.items():
-                signal.signal(s, h)  # type: ignore[arg-type]
+                signal.signal(s, _late if process_exit else h)  # type: ignore[arg-type]
             _state.old = {}
             if _state.startup:
                 _state.shield -= 1

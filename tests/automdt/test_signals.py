@@ -186,3 +186,22 @@ def test_signal_during_shutdown(seq, tmp_path):
         if relay is not None:
             relay.close()
         rx.stop()
+
+
+def test_signals_after_the_summary_change_nothing(tmp_path):
+    """Signals that arrive once the summary is written (while the process reports and exits) neither
+    kill it with a traceback nor contradict the summary's exit code."""
+    src = _tree(tmp_path, n=2, size=4 * CHUNK)
+    p, summ, _ = _start(src, str(tmp_path / "dst"), tmp_path)
+    assert wait_for(lambda: summ.exists(), 30)
+    for _ in range(20):
+        if p.poll() is not None:
+            break
+        try:
+            os.kill(p.pid, signal.SIGINT)
+        except ProcessLookupError:
+            break
+        time.sleep(0.005)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == json.loads(summ.read_text())["exit_code"] == 0, (p.returncode, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
