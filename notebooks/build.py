@@ -43,11 +43,12 @@ def compare_policies():
     md, code = new_markdown_cell, new_code_cell
     return _nb([
         _params('''
-# Parameters (papermill style). The defaults are small so that the test suite runs this quickly;
-# for a real comparison use e.g. duration_s = 20 and all of automdt.experiments.runner.ALL_POLICIES.
+# Parameters (papermill style). 15 s per transfer, as `python -m automdt.experiments bottlenecks`:
+# runs under 10 s cannot converge, and their checks read n/a (the test suite injects 3 s runs to
+# test the plumbing only). For a full comparison add the rest of automdt.experiments.runner.ALL_POLICIES.
 scenario = "read-bound"           # read-bound | net-bound | write-bound
-policies = ["ppo", "marlin", "oracle"]  # "ppo" is skipped (with the reason) while no policy is shipped
-duration_s = 4.0                  # seconds per transfer
+policies = ["ppo", "marlin", "oracle"]  # ppo: the shipped default policy (skipped, with the reason, only if its file is missing)
+duration_s = 15.0                 # seconds per transfer
 out = "runs"                      # run directories go here
 seed = 0
 sim_steps = 30                    # control intervals per simulated episode

@@ -62,6 +62,9 @@ def test_bottlenecks_quick_writes_everything(bottlenecks_dir):
         assert f"## {sc}" in md
     assert "| oracle |" in md and "| marlin |" in md and "(8, 2, 2)" in md
     assert "PPO vs Marlin" in md
+    if "ppo" in cfg["policies"]:  # 3 s runs cannot converge: the checks say so instead of failing
+        assert "**Not checked:**" in md and ": n/a (" in md and ": FAIL (" not in md
+        assert "runs this short cannot converge" in md
 
 
 def test_bottlenecks_quick_measurements_match_the_throttles(bottlenecks_dir):
