@@ -266,7 +266,7 @@ class DelayForwarder:
     """
 
     def __init__(self, listen: Address, target: Address, delay_s: float, rate_bps: Optional[float] = None,
-                 *, window: int = DEFAULT_WINDOW):
+                 *, window: int = DEFAULT_WINDOW, rcvbuf: int = 0):
         if delay_s < 0:
             raise ValueError(f"delay_s must be >= 0, got {delay_s}")
         if rate_bps is not None and rate_bps < 0:
@@ -279,6 +279,10 @@ class DelayForwarder:
         self.half_delay = self.delay_s / 2.0
         self.rate_bps = float(rate_bps) if rate_bps else 0.0
         self.window = int(window)
+        self.rcvbuf = int(rcvbuf)
+        """``SO_RCVBUF`` of the accepted (client-side) sockets; 0: the kernel's autotuning. A small
+        value keeps the client's data in its own send buffer while the window is full, as on a
+        real path, instead of megabytes of it in this hop's receive buffer."""
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._server = None
@@ -335,9 +339,16 @@ class DelayForwarder:
         loop = self._loop
         asyncio.set_event_loop(loop)
         try:
-            self._server = loop.run_until_complete(loop.create_server(
-                lambda: _Side(_Connection(self), "c"), self.listen[0], self.listen[1],
-                reuse_address=True, backlog=128))
+            if self.rcvbuf:
+                lsock = socket.socket(socket.AF_INET6 if ":" in self.listen[0] else socket.AF_INET, socket.SOCK_STREAM)
+                lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                lsock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)  # inherited by accepted sockets
+                lsock.bind(self.listen)
+                server = loop.create_server(lambda: _Side(_Connection(self), "c"), sock=lsock, backlog=128)
+            else:
+                server = loop.create_server(lambda: _Side(_Connection(self), "c"), self.listen[0], self.listen[1],
+                                            reuse_address=True, backlog=128)
+            self._server = loop.run_until_complete(server)
             self._port = self._server.sockets[0].getsockname()[1]
         except BaseException as exc:  # noqa: BLE001 - handed to the caller of start()
             error.append(exc)
@@ -601,6 +612,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--window", default=str(DEFAULT_WINDOW),
                    help="bytes in flight per connection and direction (default 4Mi): throughput per "
                         "connection <= window / delay")
+    p.add_argument("--rcvbuf", default="0",
+                   help="SO_RCVBUF of the accepted connections (default 0: kernel autotuning); a small value keeps "
+                        "the sender's data in its own send buffer while the window is full")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until ^C)")
     args = p.parse_args(argv)
     try:
@@ -608,7 +622,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         target = parse_hostport(args.target)
         rate = parse_size(args.rate, "rate") if args.rate else None
         window = parse_size(args.window, "window")
-        fwd = DelayForwarder(listen, target, args.delay_ms / 1e3, rate, window=window)
+        fwd = DelayForwarder(listen, target, args.delay_ms / 1e3, rate, window=window,
+                             rcvbuf=parse_size(args.rcvbuf, "rcvbuf"))
         fwd.start()
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"delay_forwarder: {exc}", file=sys.stderr)
