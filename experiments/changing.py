@@ -179,7 +179,7 @@ def changing_scenarios(quick: bool = False, max_threads: int = 32) -> Dict[str, 
     return {s.name: s for s in out}
 
 
-def schedule_scenario(path: str, max_threads: int = 32) -> ChangingScenario:
+def schedule_scenario(path: str, max_threads: int = 32, quick: bool = False) -> ChangingScenario:
     """A loopback scenario from a user's ``--throttle @FILE`` (a held-out schedule)."""
     from automdt.simulator.oracle import oracle
     from automdt.simulator.profile import Profile, StageProfile
@@ -204,7 +204,7 @@ def schedule_scenario(path: str, max_threads: int = 32) -> ChangingScenario:
     return ChangingScenario("schedule", f"loopback with the schedule {os.path.basename(path)}: "
                             + "; ".join(f"{a:g} s: {s or '(no limits)'}" for a, s in phases), loop,
                             throttle_phases=phases, phase_optima=tuple(optima),  # type: ignore[arg-type]
-                            nominal_s=max(30.0, end + 15.0))
+                            nominal_s=(end + 7.0) if quick else max(30.0, end + 15.0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +302,7 @@ def run_changing(st: Any) -> Any:
 
     all_sc = changing_scenarios(st.quick, st.max_threads)
     if getattr(st, "throttle", None):
-        all_sc["schedule"] = schedule_scenario(st.throttle.lstrip("@"), st.max_threads)
+        all_sc["schedule"] = schedule_scenario(st.throttle.lstrip("@"), st.max_threads, st.quick)
     default = ["schedule"] if "schedule" in all_sc else (["moving-bottleneck"] if st.quick else
                                                          ["moving-bottleneck", "link-halves", "competing-transfer"])
     names = list(st.scenarios) if st.scenarios else default

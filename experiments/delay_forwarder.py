@@ -16,8 +16,9 @@ emulated ACK travelling back), i.e. for one emulated RTT. When ``window`` bytes 
 forwarder stops reading that side (``pause_reading``), the kernel buffers fill and the sender
 blocks, exactly like a sender whose window is full. One connection therefore moves at most
 ``window / delay_s`` bytes per second, N connections ``N * window / delay_s``: the bandwidth-delay
-product of a real path with a window cap. Memory is bounded by ``window`` plus one socket read
-(256 KiB) plus the outgoing transport's write-buffer high-water mark per direction and connection.
+product of a real path with a window cap. A read never takes more than the room left in the
+window, so the cap is exact. Memory is bounded by ``window`` plus the outgoing transport's
+write-buffer high-water mark (256 KiB) per direction and connection.
 
 Rate (``rate_bps``, bytes per second, the project's convention for ``*_bps``): a link shared by
 all connections in each direction; a chunk is serialised at ``rate_bps`` after the chunks before
@@ -53,26 +54,36 @@ Address = Tuple[str, int]
 
 DEFAULT_WINDOW = 4 * 1024 * 1024     # bytes in flight per connection and direction
 _WRITE_HIGH = 256 * 1024             # outgoing transport buffer high-water mark
+_READ_MAX = 256 * 1024               # largest single socket read
 _START_TIMEOUT_S = 5.0
 _STOP_TIMEOUT_S = 5.0
 _CONNECT_TIMEOUT_S = 5.0
 
 
-class _Side(asyncio.Protocol):
-    """One socket of a forwarded connection: ``which`` is ``"c"`` (client) or ``"t"`` (target)."""
+class _Side(asyncio.BufferedProtocol):
+    """One socket of a forwarded connection: ``which`` is ``"c"`` (client) or ``"t"`` (target).
+
+    Reads go into a buffer no larger than the room left in the direction's window
+    (:class:`asyncio.BufferedProtocol`), so that at most ``window`` bytes are ever in flight (a
+    plain protocol reads up to 256 KiB at a time and would overshoot the window by one read)."""
 
     def __init__(self, conn: "_Connection", which: str):
         self.conn = conn
         self.which = which
         self.transport: Optional[asyncio.Transport] = None
+        self._buf = bytearray(_READ_MAX)
 
     def connection_made(self, transport):  # noqa: D401 - asyncio callback
         self.transport = transport
         transport.set_write_buffer_limits(high=_WRITE_HIGH)
         self.conn.side_made(self)
 
-    def data_received(self, data):
-        self.conn.pipe_from(self.which).push(data)
+    def get_buffer(self, sizehint):
+        room = self.conn.fwd.window - self.conn.pipe_from(self.which).held
+        return memoryview(self._buf)[:max(1, min(_READ_MAX, room))]
+
+    def buffer_updated(self, nbytes):
+        self.conn.pipe_from(self.which).push(bytes(self._buf[:nbytes]))
 
     def eof_received(self):
         self.conn.pipe_from(self.which).push(None)

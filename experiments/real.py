@@ -151,7 +151,7 @@ def grid_search(ps: PathSession, st: Any, quick: bool, hold: Optional[int] = Non
     levels = (1, 8) if quick else GRID_LEVELS
     ladder = (1, 4, 16) if quick else LINE_LADDER
     hold = hold or (3 if quick else 4)
-    skip = 1 if quick else 2
+    skip = 2
     iv = ps.interval_s
     t0 = time.monotonic()
 
