@@ -1,7 +1,8 @@
 """Policies: one protocol (:class:`Policy`), PPO and the baselines from the papers.
 
-Importing this package never imports torch; ``automdt.agents.ppo`` does, and is loaded lazily
-by :func:`make_policy` for ``ppo`` specs.
+Importing this package never imports torch, stable-baselines3 or gymnasium, and neither does
+``automdt.agents.ppo`` (numpy inference; loaded lazily by :func:`make_policy` for ``ppo`` specs).
+Only ``automdt.agents.ppo_sb3`` and ``automdt.agents.training`` use torch and SB3.
 """
 from automdt.agents.base import Policy, clamp_triple
 from automdt.agents.falcon import FalconPolicy

@@ -1,55 +1,66 @@
 """The AutoMDT agent: a PPO policy trained offline in the buffer simulator, behind :class:`Policy`.
 
-A policy file is a stable-baselines3 zip (``model.save``) plus a metadata sidecar next to it
-(``<file>.json``, written by :func:`automdt.agents.training.train`). The shipped default policy is
-``automdt/data/default_policy.zip``; ``load_policy("ppo")`` (or ``"default"``) loads it.
+A policy is **two files that travel together**: a stable-baselines3 zip (``model.save``, plus
+an ``automdt_actor.npz`` entry with the actor's weights as plain arrays) and a metadata sidecar
+next to it (``<file>.json``, written by :func:`automdt.agents.training.train`). The shipped
+default policy is ``automdt/data/default_policy.zip``; ``load_policy("ppo")`` (or
+``"default"``) loads it.
+
+Inference is numpy only. This module imports neither torch, stable-baselines3 nor gymnasium:
+:class:`PPOPolicy` runs the actor network (a few matrix products, :class:`ActorMLP`) on the
+weights exported at training time, behind the same numpy input pipeline the training
+environments use (:mod:`automdt.simulator.pipeline`). The torch side (rebuilding the SB3
+network, exporting its weights) is :mod:`automdt.agents.ppo_sb3`; ``train``, ``simulate``,
+experiments and notebooks use it, ``transfer``/``receive``/``explore``/``verify`` never do.
 
 Loading never unpickles anything. An SB3 zip stores some entries (the spaces, the policy class
 and keyword arguments, the schedules) with cloudpickle, and ``PPO.load`` unpickles them, so an
-attacker who can write the file can run code as whoever loads it. :meth:`PPOPolicy.load` instead
-rebuilds the network from the JSON sidecar and the simulator's own spaces and reads only the
-weights (``policy.pth``, through ``torch.load(weights_only=True)``). It still refuses a file
-that other users can write (group- or world-writable, or owned by someone else): the same file
-may be handed to SB3 tools that do unpickle, and a swapped file would change the transfer's
-behaviour anyway.
-
-torch and stable-baselines3 are imported at the top of this module and only inside
-:func:`automdt.agents.training.train` elsewhere; the CLI imports this module lazily, so
-transfers with a non-PPO policy never pay for torch.
+attacker who can write the file can run code as whoever loads it. :meth:`PPOPolicy.load` reads
+only the JSON sidecar and the ``.npz`` arrays (``numpy.load(allow_pickle=False)``). It still
+refuses a policy file or sidecar that other users can write (group- or world-writable, or owned
+by someone else): the same file may be handed to SB3 tools that do unpickle, and a swapped file
+would change the transfer's behaviour anyway.
 """
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
-import pickle
 import stat
 import zipfile
 from importlib import resources
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import torch as th
-from gymnasium import spaces
-from stable_baselines3.common.policies import ActorCriticPolicy
 
 from automdt.agents.base import clamp_triple
-from automdt.simulator.env import (
-    OBS_NAMES,
+from automdt.simulator.dynamics import actions_to_threads
+from automdt.simulator.pipeline import (  # noqa: F401  (re-exported: their old home)
+    DEBIAS,
+    FEATURES,
+    NOISE_PRIOR,
+    NOISE_SCALE,
+    SPARE_CAP,
+    FeatureState,
     ObservationEncoder,
-    action_to_threads,
-    make_action_space,
-    make_observation_space,
+    PolicyInput,
+    add_features,
+    feature_dim,
+    space_descriptions,
 )
 from automdt.simulator.types import Observation, Triple
 
 __all__ = [
     "PPOPolicy",
+    "ActorMLP",
     "DEFAULT_POLICY_NAMES",
+    "WEIGHTS_ENTRY",
     "default_policy_path",
     "load_policy",
     "policy_metadata",
+    "check_policy_file",
     "sha256_file",
     "POLICY_FORMAT",
     "FEATURES",
@@ -57,144 +68,29 @@ __all__ = [
     "FeatureState",
 ]
 
-_THREADS = [OBS_NAMES.index(f"{st}/threads") for st in ("read", "net", "write")]
-_EFFICIENCY = [OBS_NAMES.index(f"{st}/thread_efficiency") for st in ("read", "net", "write")]
-
 POLICY_FORMAT = "automdt-ppo/1"
 """Value of ``format`` in the metadata sidecar; bumped when the file layout changes."""
 
 DEFAULT_POLICY_NAMES = ("ppo", "default")
 """Names that :func:`load_policy` resolves to the shipped default policy."""
 
-_ACTIVATIONS = {"Tanh": th.nn.Tanh, "ReLU": th.nn.ReLU, "ELU": th.nn.ELU, "LeakyReLU": th.nn.LeakyReLU}
-"""Activation functions a policy file may name (by class name; nothing else is accepted)."""
+WEIGHTS_ENTRY = "automdt_actor.npz"
+"""The zip entry holding the actor's weights for numpy inference (``numpy.savez``: the SB3
+state-dict names ``mlp_extractor.policy_net.<i>.weight|bias`` and ``action_net.weight|bias``,
+float32). :func:`automdt.agents.ppo_sb3.add_numpy_weights` adds it to an older file."""
 
+ACTIVATIONS = ("Tanh", "ReLU", "ELU", "LeakyReLU")
+"""Activation functions a policy file may name (by torch class name; nothing else is accepted)."""
 
-FEATURES = ("spare_threads", "noise_level", "debiased_spare")
-"""Derived inputs a policy may add to the simulator's encoding (metadata ``features``).
+_NP_ACT = {
+    "Tanh": np.tanh,
+    "ReLU": lambda x: np.maximum(x, np.float32(0.0)),
+    "ELU": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))).astype(np.float32),
+    "LeakyReLU": lambda x: np.where(x > 0, x, np.float32(0.01) * x).astype(np.float32),
+}
 
-``spare_threads`` (3 inputs): per stage, the threads it could shed at its best per-thread rate so
-far, ``n_i * (1 - efficiency_i)``, clipped to [0, :data:`SPARE_CAP`] and divided by it. It is a
-pure function of the encoding (thread counts and thread efficiencies), spelled out because a small
-network finds the product hard to learn precisely, and precision is what settles a stage on
-exactly the threads it needs.
-
-``noise_level`` (1 input): how noisy this transfer's throughputs are: the running mean, since the
-start of the transfer, of ``|log(t_i / t_i,prev)|`` (median over the three stages) over the
-intervals in which no thread count changed, divided by :data:`NOISE_SCALE` and clipped to [0, 1].
-
-``debiased_spare`` (3 inputs): ``spare_threads`` with the efficiency corrected for the noise. The
-efficiency reference is a running *maximum* of noisy per-thread rates, so it reads high by about
-the noise amplitude, and a stage at exactly the threads it needs shows ``n * (1 - efficiency)``
-of about ``n * noise * sqrt(3) * 0.6``: one spare thread is real on a quiet path and noise on a
-noisy one. This input uses ``min(1, efficiency * (1 + DEBIAS * level))``, where ``level`` is the
-unscaled ``noise_level`` (about ``1.15 * noise``), so it reads about 0 at the needed count
-whatever the noise.
-
-The last two carry state across intervals (:class:`FeatureState`) but are computed from the
-encodings alone (an interval's current and previous throughputs share one reference), so the
-training environments and the live controller see the same values.
-"""
-
-SPARE_CAP = 8.0
-"""Spare threads at which the ``spare_threads`` feature saturates at 1."""
-
-NOISE_SCALE = 0.2
-"""Mean ``|log`` throughput ratio``|`` at which ``noise_level`` saturates at 1 (uniform capacity
-noise of relative std 0.1, the top of the training range, reads about 0.6)."""
-
-NOISE_PRIOR = 0.06
-"""The noise level (mean ``|log`` ratio``|``) assumed until the first interval without a thread
-change: one pseudo-sample at about the middle of the training range."""
-
-DEBIAS = 0.9
-"""``debiased_spare``'s correction per unit of the unscaled noise level: the maximum of a few
-(~4) per-thread rates with uniform noise of relative std s exceeds their mean by ~0.6*sqrt(3)*s
-~ 1.04 s, and the noise level is ~1.15 s."""
-
-_FEATURE_DIMS = {"spare_threads": 3, "noise_level": 1, "debiased_spare": 3}
-_STATEFUL = ("noise_level", "debiased_spare")
-_TPUT = [OBS_NAMES.index(f"{st}/throughput") for st in ("read", "net", "write")]
-_PREV_THREADS = [OBS_NAMES.index(f"prev/{st}/threads") for st in ("read", "net", "write")]
-_PREV_TPUT = [OBS_NAMES.index(f"prev/{st}/throughput") for st in ("read", "net", "write")]
-
-
-def feature_dim(features: Sequence[str]) -> int:
-    """Number of inputs the derived ``features`` add to one encoding."""
-    return sum(_FEATURE_DIMS[f] for f in features)
-
-
-def _spare(n: np.ndarray, eff: np.ndarray) -> np.ndarray:
-    return (np.clip(n * (1.0 - eff), 0.0, SPARE_CAP) / SPARE_CAP).astype(np.float32)
-
-
-def add_features(enc: np.ndarray, features: Sequence[str], max_threads: int,
-                 state: Optional["FeatureState"] = None) -> np.ndarray:
-    """Append the derived ``features`` (:data:`FEATURES`) to encoded observations ``(N, OBS_DIM)``
-    (or one ``(OBS_DIM,)``).
-
-    Used identically by the training environments and by :class:`PPOPolicy`. Stateful features
-    need ``state``, which this call updates with ``enc`` (one row per transfer, in order).
-    """
-    if not features:
-        return enc
-    unknown = [f for f in features if f not in _FEATURE_DIMS]
-    if unknown:
-        raise ValueError(f"unknown policy feature {unknown[0]!r}; known: {FEATURES}")
-    level = None
-    if any(f in _STATEFUL for f in features):
-        if state is None:
-            raise ValueError(f"the features {[f for f in features if f in _STATEFUL]} need a FeatureState")
-        level = state.update(enc)  # (..., 1)
-    n = enc[..., _THREADS] * float(max_threads)
-    eff = enc[..., _EFFICIENCY]
-    parts = [enc]
-    for name in features:
-        if name == "spare_threads":
-            parts.append(_spare(n, eff))
-        elif name == "noise_level":
-            parts.append(np.clip(level / NOISE_SCALE, 0.0, 1.0).astype(np.float32))
-        else:  # debiased_spare
-            parts.append(_spare(n, np.minimum(1.0, eff * (1.0 + DEBIAS * level))))
-    return np.concatenate(parts, axis=-1)
-
-
-class FeatureState:
-    """Running state of the stateful features for ``num_envs`` transfers (one row each).
-
-    :meth:`update` consumes one encoding per row (in order, from the first interval of a transfer)
-    and returns the noise level (mean ``|log`` throughput ratio``|``, unscaled); :meth:`reset`
-    starts rows afresh (a new transfer).
-    """
-
-    def __init__(self, num_envs: int = 1) -> None:
-        self.num_envs = int(num_envs)
-        self.sum = np.zeros(self.num_envs)
-        self.count = np.zeros(self.num_envs)
-        self.seen = np.zeros(self.num_envs, dtype=bool)
-
-    def reset(self, rows: Any = None) -> None:
-        """Forget rows (all if None)."""
-        sel = slice(None) if rows is None else rows
-        self.sum[sel] = 0.0
-        self.count[sel] = 0.0
-        self.seen[sel] = False
-
-    def update(self, enc: np.ndarray) -> np.ndarray:
-        """Add one interval per row; returns the noise level, shape ``enc.shape[:-1] + (1,)``."""
-        e = np.asarray(enc, dtype=np.float64).reshape(self.num_envs, -1)
-        cur, prev = e[:, _TPUT], e[:, _PREV_TPUT]
-        held = np.all(e[:, _THREADS] == e[:, _PREV_THREADS], axis=1) & self.seen
-        with np.errstate(divide="ignore", invalid="ignore"):
-            d = np.abs(np.log(cur / prev))
-        d = np.where((cur > 0) & (prev > 0), d, np.nan)
-        ok = held & np.isfinite(d).all(axis=1)
-        sample = np.median(np.where(np.isfinite(d), d, 0.0), axis=1)
-        self.sum += np.where(ok, np.minimum(sample, 1.0), 0.0)
-        self.count += ok
-        self.seen[:] = True
-        level = (self.sum + NOISE_PRIOR) / (self.count + 1.0)
-        return level.reshape(np.shape(enc)[:-1] + (1,))
+_HIDDEN = "mlp_extractor.policy_net."
+_ACTION = "action_net."
 
 
 def _not_a_policy(path: Union[str, os.PathLike], why: str) -> ValueError:
@@ -211,19 +107,29 @@ def sha256_file(path: Union[str, os.PathLike]) -> str:
 
 
 def default_policy_path() -> Path:
-    """Path of the shipped default policy (``automdt/data/default_policy.zip``)."""
-    res = resources.files("automdt").joinpath("data", "default_policy.zip")
+    """Path of the shipped default policy (``automdt/data/default_policy.zip``).
+
+    One ``joinpath`` argument per call: with two, ``importlib.resources`` breaks when a stray
+    ``automdt`` directory (e.g. ``/tmp/automdt``, the job locks' fallback home) on ``sys.path``
+    turns the package into a namespace package.
+    """
+    res = resources.files("automdt").joinpath("data").joinpath("default_policy.zip")
     return Path(os.fspath(res))  # type: ignore[arg-type]  # the package is installed as files
+
+
+def _sidecar(path: Union[str, os.PathLike]) -> Path:
+    return Path(os.fspath(path) + ".json")
 
 
 def policy_metadata(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     """Read the metadata sidecar ``<path>.json`` of a policy file (no checks beyond JSON)."""
-    meta_path = Path(os.fspath(path) + ".json")
+    meta_path = _sidecar(path)
     try:
         with open(meta_path, "r", encoding="utf-8") as f:
             meta = json.load(f)
     except FileNotFoundError:
-        raise _not_a_policy(path, f"no metadata file {meta_path.name} next to it") from None
+        raise _not_a_policy(path, f"no metadata file {meta_path.name} next to it; a policy is two files that "
+                                  f"travel together: copy {Path(os.fspath(path)).name} and {meta_path.name}") from None
     except (OSError, ValueError) as e:
         raise _not_a_policy(path, f"unreadable metadata {meta_path.name}: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != POLICY_FORMAT:
@@ -245,26 +151,8 @@ def _check_not_writable_by_others(path: Path) -> None:
         )
 
 
-def _space_to_json(space: spaces.Space) -> Dict[str, Any]:
-    """Describe a space in plain JSON (what the metadata sidecar records)."""
-    if isinstance(space, spaces.Box):
-        return {
-            "type": "Box",
-            "shape": list(space.shape),
-            "dtype": str(space.dtype),
-            "low": np.asarray(space.low).ravel().tolist(),
-            "high": np.asarray(space.high).ravel().tolist(),
-        }
-    if isinstance(space, spaces.MultiDiscrete):
-        return {"type": "MultiDiscrete", "nvec": np.asarray(space.nvec).ravel().tolist(),
-                "start": np.asarray(getattr(space, "start", np.zeros_like(space.nvec))).ravel().tolist()}
-    if isinstance(space, spaces.Discrete):
-        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
-    raise TypeError(f"unsupported space {space!r}")
-
-
 def _space_summary(d: Any) -> str:
-    """A short form of :func:`_space_to_json`'s output for error messages."""
+    """A short form of a space's JSON description for error messages."""
     if not isinstance(d, dict):
         return repr(d)
     if d.get("type") == "Box":
@@ -274,216 +162,370 @@ def _space_summary(d: Any) -> str:
     return str(d.get("type"))
 
 
-def _policy_kwargs_from_json(path: Path, raw: Any) -> Dict[str, Any]:
-    if not isinstance(raw, dict):
+def check_policy_file(path: Union[str, os.PathLike]) -> Tuple[Path, Dict[str, Any]]:
+    """Every check a policy file passes before anything in it is used; returns (path, metadata).
+
+    The file and its sidecar must be regular files that no other user can write; the zip must
+    match the sidecar's sha256; the sidecar's ``frame_stack``, ``features``, spaces and
+    ``max_threads`` must fit this simulator. Shared by :meth:`PPOPolicy.load` and
+    :func:`automdt.agents.ppo_sb3.load_network`.
+
+    :raises ValueError: one line, ``"<path>: not an AutoMDT policy (<why>)"`` or
+        ``"<path>: refusing ..."``.
+    """
+    p = Path(os.fspath(path))
+    if not p.is_file():
+        raise _not_a_policy(p, "no such file" if not p.exists() else "not a regular file")
+    _check_not_writable_by_others(p)
+    if not zipfile.is_zipfile(p):
+        raise _not_a_policy(p, "not a zip archive")
+    side = _sidecar(p)
+    if side.exists():
+        if not side.is_file():
+            raise _not_a_policy(p, f"metadata {side.name} is not a regular file")
+        _check_not_writable_by_others(side)
+    meta = policy_metadata(p)
+    digest = sha256_file(p)
+    if meta.get("sha256") and meta["sha256"] != digest:
+        raise _not_a_policy(p, f"sha256 {digest[:12]}... does not match its metadata {str(meta['sha256'])[:12]}...")
+    stack = meta.get("frame_stack", 1)
+    if not isinstance(stack, int) or isinstance(stack, bool) or not 1 <= stack <= 64:
+        raise _not_a_policy(p, f"bad frame_stack {stack!r} in its metadata")
+    features = meta.get("features", [])
+    if not isinstance(features, list) or any(f not in FEATURES for f in features):
+        raise _not_a_policy(p, f"unknown features {features!r} in its metadata (known: {list(FEATURES)})")
+    for key, want in zip(("observation_space", "action_space"), space_descriptions(stack, features)):
+        if meta.get(key) != want:
+            got, have = _space_summary(meta.get(key)), _space_summary(want)
+            if got == have:
+                have += " with other bounds"
+            raise _not_a_policy(p, f"trained for {key} {got}, this simulator has {have}")
+    max_threads = meta.get("max_threads", 32)
+    if not isinstance(max_threads, int) or isinstance(max_threads, bool) or max_threads < 1:
+        raise _not_a_policy(p, f"bad max_threads {max_threads!r} in its metadata")
+    return p, meta
+
+
+def hidden_sizes(path: Union[str, os.PathLike], policy_kwargs: Any) -> Tuple[List[int], str]:
+    """The actor's hidden layer sizes and activation name recorded in ``policy_kwargs``."""
+    if not isinstance(policy_kwargs, Mapping):
         raise _not_a_policy(path, "metadata has no policy_kwargs")
-    kwargs = dict(raw)
-    name = kwargs.get("activation_fn", "Tanh")
-    if name not in _ACTIVATIONS:
-        raise _not_a_policy(path, f"unknown activation {name!r}")
-    kwargs["activation_fn"] = _ACTIVATIONS[name]
     allowed = {"net_arch", "activation_fn", "ortho_init", "log_std_init", "share_features_extractor"}
-    unknown = set(kwargs) - allowed
+    unknown = set(policy_kwargs) - allowed
     if unknown:
         raise _not_a_policy(path, f"unsupported policy_kwargs {sorted(unknown)}")
-    return kwargs
+    act = policy_kwargs.get("activation_fn", "Tanh")
+    if act not in ACTIVATIONS:
+        raise _not_a_policy(path, f"unknown activation {act!r}")
+    arch = policy_kwargs.get("net_arch", [64, 64])
+    if isinstance(arch, Mapping):
+        arch = arch.get("pi")
+    if not isinstance(arch, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in arch):
+        raise _not_a_policy(path, f"bad net_arch {policy_kwargs.get('net_arch')!r} in its policy_kwargs")
+    return list(arch), str(act)
+
+
+class ActorMLP:
+    """The actor of an SB3 ``ActorCriticPolicy`` in numpy: hidden ``Linear`` + activation layers,
+    then the action logits (one block of ``nvec[i]`` logits per sub-action).
+
+    Generic in the network shape and the action head: everything comes from the arrays, the
+    activation name and ``nvec`` (the policy's ``MultiDiscrete`` action space).
+
+    :param arrays: SB3 state-dict names (``mlp_extractor.policy_net.<i>.weight|bias``,
+        ``action_net.weight|bias``) to float32 arrays; other actor-irrelevant names are refused.
+    :param activation: one of :data:`ACTIVATIONS`.
+    :param nvec: choices per sub-action.
+    :param in_dim: expected input width (checked).
+    :raises ValueError: if the arrays do not form that network.
+    """
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], activation: str, nvec: Sequence[int],
+                 in_dim: Optional[int] = None) -> None:
+        if activation not in _NP_ACT:
+            raise ValueError(f"unknown activation {activation!r}")
+        self.activation = activation
+        self._act = _NP_ACT[activation]
+        self.nvec = [int(n) for n in nvec]
+        self._split = np.cumsum(self.nvec)[:-1]
+        layers: Dict[int, Dict[str, np.ndarray]] = {}
+        head: Dict[str, np.ndarray] = {}
+        for name, arr in arrays.items():
+            a = np.asarray(arr)
+            if a.dtype != np.float32 or not np.all(np.isfinite(a)):
+                raise ValueError(f"array {name} is not finite float32")
+            if name.startswith(_HIDDEN):
+                idx, _, kind = name[len(_HIDDEN):].partition(".")
+                if not idx.isdigit() or kind not in ("weight", "bias"):
+                    raise ValueError(f"unexpected array {name}")
+                layers.setdefault(int(idx), {})[kind] = a
+            elif name in (_ACTION + "weight", _ACTION + "bias"):
+                head[name[len(_ACTION):]] = a
+            else:
+                raise ValueError(f"unexpected array {name}")
+        self.layers: List[Tuple[np.ndarray, np.ndarray]] = []
+        width = in_dim
+        for idx in sorted(layers):
+            w, b = layers[idx].get("weight"), layers[idx].get("bias")
+            self.layers.append(self._linear(w, b, width, f"hidden layer {idx}"))
+            width = self.layers[-1][0].shape[1]
+        if "weight" not in head or "bias" not in head:
+            raise ValueError("no action_net weights")
+        self.head = self._linear(head["weight"], head["bias"], width, "action layer")
+        if self.head[0].shape[1] != sum(self.nvec):
+            raise ValueError(f"action layer has {self.head[0].shape[1]} outputs, the action space {sum(self.nvec)}")
+        self.in_dim = self.layers[0][0].shape[0] if self.layers else self.head[0].shape[0]
+
+    @staticmethod
+    def _linear(w: Optional[np.ndarray], b: Optional[np.ndarray], width: Optional[int],
+                what: str) -> Tuple[np.ndarray, np.ndarray]:
+        if w is None or b is None or w.ndim != 2 or b.ndim != 1 or w.shape[0] != b.shape[0]:
+            raise ValueError(f"{what}: weight and bias do not form a linear layer")
+        if width is not None and w.shape[1] != width:
+            raise ValueError(f"{what}: takes {w.shape[1]} inputs, gets {width}")
+        return np.ascontiguousarray(w.T), b  # stored (in, out): x @ W + b
+
+    @property
+    def hidden_sizes(self) -> List[int]:
+        return [w.shape[1] for w, _ in self.layers]
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any], activation: str, nvec: Sequence[int]) -> "ActorMLP":
+        """From a torch state dict (tensors are converted with ``.detach().cpu().numpy()``; the
+        value network's entries are ignored)."""
+        arrays = {}
+        for k, v in state.items():
+            if k.startswith(_HIDDEN) or k.startswith(_ACTION):
+                arrays[k] = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v, dtype=np.float32)
+        return cls(arrays, activation, nvec)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Action logits, shape ``(N, sum(nvec))``, for inputs ``(N, in_dim)`` (or one row)."""
+        h = np.asarray(x, dtype=np.float32).reshape(-1, self.in_dim)
+        for w, b in self.layers:
+            h = self._act(h @ w + b)
+        w, b = self.head
+        return h @ w + b
+
+    def mode(self, x: np.ndarray) -> np.ndarray:
+        """The most likely action, shape ``(N, len(nvec))`` int64."""
+        parts = np.split(self.logits(x), self._split, axis=1)
+        return np.stack([p.argmax(axis=1) for p in parts], axis=1).astype(np.int64)
+
+    def sample(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """An action drawn from the per-sub-action categorical distributions, ``(N, len(nvec))``."""
+        out = []
+        for p in np.split(self.logits(x).astype(np.float64), self._split, axis=1):
+            e = np.exp(p - p.max(axis=1, keepdims=True))
+            cdf = np.cumsum(e / e.sum(axis=1, keepdims=True), axis=1)
+            u = rng.random((p.shape[0], 1))
+            out.append(np.minimum((cdf < u).sum(axis=1), p.shape[1] - 1))
+        return np.stack(out, axis=1).astype(np.int64)
+
+
+def _read_actor(p: Path, meta: Dict[str, Any]) -> ActorMLP:
+    arch, activation = hidden_sizes(p, meta.get("policy_kwargs"))
+    nvec = meta["action_space"]["nvec"]
+    try:
+        with zipfile.ZipFile(p) as zf:
+            if WEIGHTS_ENTRY not in zf.namelist():
+                raise _not_a_policy(p, f"zip has no {WEIGHTS_ENTRY} (the numpy weights; a file from an older "
+                                       f"automdt?): add them with `python -m automdt.agents.ppo_sb3 {p}`")
+            raw = zf.read(WEIGHTS_ENTRY)
+        with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        if isinstance(e, ValueError) and str(e).startswith(str(p)):
+            raise
+        raise _not_a_policy(p, f"unreadable weights: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    in_dim = meta["observation_space"]["shape"][0]
+    try:
+        actor = ActorMLP(arrays, activation, nvec, in_dim=in_dim)
+    except ValueError as e:
+        raise _not_a_policy(p, f"weights do not fit the recorded network: {e}") from None
+    if actor.hidden_sizes != arch:
+        raise _not_a_policy(p, f"weights do not fit the recorded network: hidden layers {actor.hidden_sizes}, "
+                               f"net_arch {arch}")
+    return actor
+
+
+def _start_from_metadata(meta: Dict[str, Any]) -> Tuple[Triple, str]:
+    """The start a policy file asks for: ``(threads, source)``.
+
+    ``source`` is ``"profile"`` for a policy trained on one profile (the profile's oracle
+    triple: stored precomputed in ``start``, or computed here from ``profile`` for older files),
+    ``"cold"`` for a general policy whose start was chosen in the simulator
+    (:mod:`automdt.agents.cold_start`), ``"policy"`` for an older file's ``start_threads``.
+    """
+    start = meta.get("start")
+    if isinstance(start, Mapping) and isinstance(start.get("threads"), list) and len(start["threads"]) == 3:
+        return tuple(int(x) for x in start["threads"]), str(start.get("source", "policy"))  # type: ignore[return-value]
+    if isinstance(meta.get("profile"), Mapping):
+        from automdt.simulator.oracle import oracle
+        from automdt.simulator.profile import Profile, ProfileError
+
+        try:
+            prof = Profile.from_dict(meta["profile"], source="policy metadata")
+            return oracle(prof, float(meta.get("k", 1.02))).threads, "profile"
+        except (ProfileError, TypeError, ValueError):
+            pass
+    return tuple(int(x) for x in meta.get("start_threads", (1, 1, 1))), "policy"  # type: ignore[return-value]
 
 
 class PPOPolicy:
-    """A trained PPO network acting through the simulator's observation encoding and action map.
+    """A trained PPO actor acting through the simulator's observation pipeline and action map.
 
-    Every interval, :meth:`act` encodes the :class:`Observation` with an
-    :class:`~automdt.simulator.env.ObservationEncoder` (the same one the training env used), asks
-    the network for an action and maps it to thread counts with
-    :func:`~automdt.simulator.env.action_to_threads` relative to the threads that were active.
+    Every interval, :meth:`act` runs the :class:`Observation` through an
+    :class:`~automdt.simulator.pipeline.ObservationEncoder` and a
+    :class:`~automdt.simulator.pipeline.PolicyInput` (the derived features and frame stack the
+    training environment used), asks the actor for the most likely action and maps it to thread
+    counts with :func:`~automdt.simulator.dynamics.actions_to_threads` relative to the threads
+    that were active.
 
     Thread counts are encoded against the thread bound the policy was *trained* with (metadata
     ``max_threads``), so a count means to the network what it meant in training; the bound
     given to :meth:`reset` (e.g. the receiver's ``--max-threads``) only clamps the output.
 
-    :param network: the SB3 actor-critic network (``model.policy``).
+    :param actor: an :class:`ActorMLP`, or an SB3 ``ActorCriticPolicy`` (its actor weights are
+        copied into numpy now; it stays available as :attr:`network`).
     :param deterministic: take the mode of the action distribution (the default) instead of
         sampling from it.
-    :param start_threads: thread counts :meth:`reset` returns (clamped to ``max_threads``).
-    :param metadata: the policy file's metadata, if it came from a file.
+    :param start_threads: thread counts :meth:`reset` returns (clamped); default: what the
+        metadata asks for (:attr:`start_source` says where it came from).
+    :param metadata: the policy file's metadata (``max_threads``, ``frame_stack``, ``features``,
+        ``policy_kwargs``, ``action_space``, ``start``...).
     :param path: the policy file, if any.
+    :param label: the name reported in logs (``ppo:default``, ``ppo:PATH``); default ``ppo``.
     """
-
-    name = "ppo"
 
     def __init__(
         self,
-        network: ActorCriticPolicy,
+        actor: Any,
         *,
         deterministic: bool = True,
-        start_threads: Triple = (1, 1, 1),
+        start_threads: Optional[Triple] = None,
         metadata: Optional[Dict[str, Any]] = None,
         path: Optional[Path] = None,
+        label: Optional[str] = None,
     ) -> None:
-        self.network = network
-        self.deterministic = deterministic
-        self.start_threads = tuple(int(x) for x in start_threads)
         self.metadata = dict(metadata or {})
+        self._network = None
+        if not isinstance(actor, ActorMLP):  # an SB3 network
+            self._network = actor
+            act = self.metadata.get("policy_kwargs", {}).get("activation_fn")
+            if act is None:
+                act = type(getattr(actor, "activation_fn", None) or object).__name__
+            nvec = [int(n) for n in np.asarray(actor.action_space.nvec).ravel()]
+            actor = ActorMLP.from_state_dict(actor.state_dict(), act, nvec)
+        self.actor: ActorMLP = actor
+        self.deterministic = deterministic
         self.path = path
+        self.name = label or "ppo"
+        if start_threads is None:
+            start_threads, self.start_source = _start_from_metadata(self.metadata)
+        else:
+            self.start_source = "given"
+        self.start_threads: Triple = tuple(int(x) for x in start_threads)  # type: ignore[assignment]
         self.train_max_threads = int(self.metadata.get("max_threads", 32))
         self.max_threads = self.train_max_threads
-        self._encoder = ObservationEncoder(self.train_max_threads)
         self.frame_stack = int(self.metadata.get("frame_stack", 1))
         self.features = tuple(self.metadata.get("features", ()))
-        width = self._encoder.observation_space.shape[0] + feature_dim(self.features)
-        self._features = FeatureState(1)
-        self._stack = np.zeros(self.frame_stack * width, dtype=np.float32)
-        self._gen_state: Optional[th.Tensor] = None
-        space = network.action_space
-        if not isinstance(space, spaces.MultiDiscrete):
-            raise TypeError(f"PPOPolicy needs a MultiDiscrete action space, got {space}")
-        self._nvec = [int(n) for n in np.asarray(space.nvec).ravel()]
+        self._encoder = ObservationEncoder(self.train_max_threads)
+        self._input = PolicyInput(1, self.train_max_threads, self.features, self.frame_stack)
+        if self._input.dim != self.actor.in_dim:
+            raise ValueError(f"the actor takes {self.actor.in_dim} inputs, the pipeline gives {self._input.dim}")
+        self._rng: Optional[np.random.Generator] = None
 
     @classmethod
-    def load(cls, path: Union[str, os.PathLike], *, deterministic: bool = True) -> "PPOPolicy":
+    def load(cls, path: Union[str, os.PathLike], *, deterministic: bool = True,
+             label: Optional[str] = None) -> "PPOPolicy":
         """Load a policy file written by :func:`automdt.agents.training.train`.
 
-        Nothing in the zip is unpickled (see the module docstring); the weights must fit the
-        network described by the metadata and the current simulator's spaces.
+        Nothing in the zip is unpickled (see the module docstring) and torch is not needed; the
+        weights must fit the network described by the metadata and the current simulator's spaces.
 
+        :param label: the policy's name in logs; default ``ppo:<path>``.
         :raises ValueError: one line, ``"<path>: not an AutoMDT policy (<why>)"``, if the file is
             missing, not a zip, lacks its metadata, does not match its recorded sha256, was
             trained for other observation/action spaces, or holds weights of another shape; or
-            ``"<path>: refusing ..."`` if other users can write it.
+            ``"<path>: refusing ..."`` if other users can write it or its sidecar.
         """
-        p = Path(os.fspath(path))
-        if not p.is_file():
-            raise _not_a_policy(p, "no such file" if not p.exists() else "not a regular file")
-        _check_not_writable_by_others(p)
-        if not zipfile.is_zipfile(p):
-            raise _not_a_policy(p, "not a zip archive")
-        meta = policy_metadata(p)
-        digest = sha256_file(p)
-        if meta.get("sha256") and meta["sha256"] != digest:
-            raise _not_a_policy(p, f"sha256 {digest[:12]}... does not match its metadata {str(meta['sha256'])[:12]}...")
+        p, meta = check_policy_file(path)
+        actor = _read_actor(p, meta)
+        return cls(actor, deterministic=deterministic, metadata=meta, path=p, label=label or f"ppo:{os.fspath(path)}")
 
-        stack = meta.get("frame_stack", 1)
-        if not isinstance(stack, int) or not 1 <= stack <= 64:
-            raise _not_a_policy(p, f"bad frame_stack {stack!r} in its metadata")
-        features = meta.get("features", [])
-        if not isinstance(features, list) or any(f not in FEATURES for f in features):
-            raise _not_a_policy(p, f"unknown features {features!r} in its metadata (known: {list(FEATURES)})")
-        obs_space, act_space = _simulator_spaces(stack, features)
-        for key, space in (("observation_space", obs_space), ("action_space", act_space)):
-            want = _space_to_json(space)
-            if meta.get(key) != want:
-                got = _space_summary(meta.get(key))
-                have = _space_summary(want)
-                if got == have:
-                    have += " with other bounds"
-                raise _not_a_policy(p, f"trained for {key} {got}, this simulator has {have}")
-        max_threads = meta.get("max_threads", 32)
-        if not isinstance(max_threads, int) or max_threads < 1:
-            raise _not_a_policy(p, f"bad max_threads {max_threads!r} in its metadata")
-        kwargs = _policy_kwargs_from_json(p, meta.get("policy_kwargs"))
+    @property
+    def network(self) -> Any:
+        """The SB3 ``ActorCriticPolicy`` (torch), rebuilt pickle-free from :attr:`path` on first use
+        (for notebooks and tests; inference never needs it)."""
+        if self._network is None:
+            if self.path is None:
+                raise AttributeError("this PPOPolicy has no SB3 network and no file to rebuild it from")
+            from automdt.agents.ppo_sb3 import load_network
 
-        try:
-            with zipfile.ZipFile(p) as zf:
-                names = set(zf.namelist())
-                if "data" not in names or "policy.pth" not in names:
-                    raise _not_a_policy(p, "zip has no SB3 'data' and 'policy.pth' entries")
-                with zf.open("policy.pth") as f:
-                    state = th.load(f, map_location="cpu", weights_only=True)
-        except (zipfile.BadZipFile, pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:
-            raise _not_a_policy(p, f"unreadable weights: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-
-        try:
-            network = ActorCriticPolicy(obs_space, act_space, lambda _: 0.0, **kwargs)
-        except (TypeError, ValueError, AssertionError) as e:
-            raise _not_a_policy(p, f"bad policy_kwargs in its metadata: {e}") from None
-        try:
-            network.load_state_dict(state, strict=True)
-        except (RuntimeError, TypeError, AttributeError) as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise _not_a_policy(p, f"weights do not fit the recorded network: {first}") from None
-        network.set_training_mode(False)
-        start = tuple(meta.get("start_threads", (1, 1, 1)))
-        return cls(network, deterministic=deterministic, start_threads=start, metadata=meta, path=p)  # type: ignore[arg-type]
+            self._network = load_network(self.path)
+        return self._network
 
     # -- Policy protocol ------------------------------------------------------------------------
 
     def reset(self, max_threads: int, seed: Optional[int] = None) -> Triple:
         """Start a new transfer with thread counts in ``[1, max_threads]``.
 
-        :param seed: seeds the action sampling when ``deterministic`` is False (the sampling
-            uses a private torch generator state, never the global one).
+        :param seed: seeds the action sampling when ``deterministic`` is False (a private numpy
+            generator; no global random state is touched).
         """
         if int(max_threads) < 1:
             raise ValueError(f"max_threads must be >= 1, got {max_threads}")
         self.max_threads = int(max_threads)
         self._encoder.reset()
-        self._features.reset()
-        self._stack[:] = 0.0
-        if seed is not None:
-            with th.random.fork_rng(devices=[]):
-                th.manual_seed(int(seed))
-                self._gen_state = th.random.get_rng_state()
-        else:
-            self._gen_state = None
+        self._input = PolicyInput(1, self.train_max_threads, self.features, self.frame_stack)
+        self._rng = np.random.default_rng(seed)
         return clamp_triple(self.start_threads, self.max_threads)
+
+    def network_input(self, obs: Observation) -> np.ndarray:
+        """Feed one interval through the input pipeline; returns the network input (1, dim)."""
+        x, _ = self._input.step(self._encoder.encode(obs))
+        return x
 
     def act(self, obs: Observation) -> Triple:
         """Return the thread counts for the next interval."""
-        enc = add_features(self._encoder.encode(obs), self.features, self.train_max_threads, self._features)
-        if self.frame_stack > 1:  # exactly as SB3 VecFrameStack: shift left, newest last
-            self._stack = np.roll(self._stack, -enc.shape[0])
-            self._stack[-enc.shape[0]:] = enc
-            x = self._stack
-        else:
-            x = enc
+        x = self.network_input(obs)
         if self.deterministic:
-            action = self._mode(x)
+            action = self.actor.mode(x)
         else:
-            with th.random.fork_rng(devices=[]):
-                if self._gen_state is not None:
-                    th.random.set_rng_state(self._gen_state)
-                action, _ = self.network.predict(x, deterministic=False)
-                self._gen_state = th.random.get_rng_state()
-        threads = action_to_threads(action, tuple(obs.threads), self.max_threads)
-        return clamp_triple(threads, self.max_threads)
+            if self._rng is None:
+                self._rng = np.random.default_rng()
+            action = self.actor.sample(x, self._rng)
+        new = actions_to_threads(action.reshape(1, -1), np.asarray(obs.threads, dtype=np.int64).reshape(1, 3),
+                                 self.max_threads)[0]
+        return clamp_triple(new, self.max_threads)
 
     def _mode(self, x: np.ndarray) -> np.ndarray:
-        """The most likely action, as ``network.predict(x, deterministic=True)`` but ~10x cheaper.
-
-        SB3's ``predict`` builds a distribution object (one ``Categorical`` per stage, with
-        argument validation) for every call; the mode only needs the actor's logits.
-        """
-        net = self.network
-        with th.inference_mode():
-            obs = th.as_tensor(x, dtype=th.float32).reshape(1, -1)
-            logits = net.action_net(net.mlp_extractor.forward_actor(net.pi_features_extractor(obs)))[0]
-            parts = th.split(logits, self._nvec)
-            return np.array([int(th.argmax(part)) for part in parts], dtype=np.int64)
+        """The most likely action for one network input (as SB3 ``predict(deterministic=True)``)."""
+        return self.actor.mode(x)[0]
 
     def __repr__(self) -> str:
         where = f" {self.path}" if self.path else ""
         return f"<PPOPolicy{where} deterministic={self.deterministic}>"
 
 
-def _simulator_spaces(frame_stack: int = 1, features: Sequence[str] = ()) -> "tuple[spaces.Space, spaces.Space]":
-    """Observation and action spaces of the network (they do not depend on the profile).
+def _simulator_spaces(frame_stack: int = 1, features: Sequence[str] = ()) -> Any:
+    """The gymnasium spaces of the network (imports gymnasium; see :mod:`automdt.agents.ppo_sb3`)."""
+    from automdt.agents.ppo_sb3 import simulator_spaces
 
-    One frame is the simulator's encoding followed by the derived ``features``; with
-    ``frame_stack`` > 1 the observation is that many frames side by side, oldest first (SB3
-    ``VecFrameStack`` on a 1-D ``Box``).
-    """
-    obs = make_observation_space()
-    extra = feature_dim(features)
-    if extra:
-        obs = spaces.Box(low=np.concatenate([obs.low, np.zeros(extra, np.float32)]),
-                         high=np.concatenate([obs.high, np.ones(extra, np.float32)]), dtype=obs.dtype)
-    if frame_stack > 1:
-        obs = spaces.Box(low=np.tile(obs.low, frame_stack), high=np.tile(obs.high, frame_stack), dtype=obs.dtype)
-    return obs, make_action_space()
+    return simulator_spaces(frame_stack, features)
+
+
+def _space_to_json(space: Any) -> Dict[str, Any]:
+    """JSON description of a gymnasium space (see :mod:`automdt.agents.ppo_sb3`)."""
+    from automdt.agents.ppo_sb3 import space_to_json
+
+    return space_to_json(space)
 
 
 def load_policy(path_or_name: Union[str, os.PathLike], *, deterministic: bool = True) -> PPOPolicy:
-    """Load a PPO policy by file path, or ``"ppo"``/``"default"`` for the shipped default policy."""
+    """Load a PPO policy by file path, or ``"ppo"``/``"default"`` for the shipped default policy
+    (named ``ppo:default`` in logs)."""
     if isinstance(path_or_name, str) and path_or_name.lower() in DEFAULT_POLICY_NAMES:
-        return PPOPolicy.load(default_policy_path(), deterministic=deterministic)
+        return PPOPolicy.load(default_policy_path(), deterministic=deterministic, label="ppo:default")
     return PPOPolicy.load(path_or_name, deterministic=deterministic)

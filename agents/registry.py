@@ -6,7 +6,7 @@ Specs:
 * ``globus``: Globus-like concurrency 4 x parallelism 8, i.e. ``(4, 32, 4)`` clipped;
 * ``marlin``, ``falcon``, ``heuristic`` (Arslan et al.), ``model`` (Jung et al.): the baselines;
 * ``ppo``, ``ppo:PATH``, or a path ending in ``.zip``: a PPO policy file, loaded by
-  ``automdt.agents.ppo.load_policy`` (imported only then, since it pulls in torch);
+  ``automdt.agents.ppo.load_policy`` (imported only then; numpy inference, no torch);
 * ``oracle``: the simulator's oracle, from ``automdt.simulator.oracle`` (simulator only; needs
   ``profile=`` unless that module provides ``oracle_policy``).
 

@@ -5,7 +5,8 @@
 ``eval_every`` timesteps as a fraction of the oracle's utility, keeps the best network, stops
 early once ``target_fraction`` is reached, and writes:
 
-* ``out``: the SB3 zip (loadable with :meth:`automdt.agents.ppo.PPOPolicy.load`, pickle-free);
+* ``out``: the SB3 zip with the actor's weights as numpy arrays (``automdt_actor.npz``, what
+  :meth:`automdt.agents.ppo.PPOPolicy.load` reads, pickle-free and without torch);
 * ``out + ".json"``: metadata (simulator env id and version, spaces, k, thread bound, seed,
   timesteps, wall time, fraction of the oracle, hyperparameters, sha256 of the zip);
 * ``<stem>.curve.csv`` and ``<stem>.curve.png``: the learning curve (timesteps, wall seconds,
@@ -117,10 +118,11 @@ class PPOConfig:
     torch_threads: int = 1
     """``torch.set_num_threads`` during training (fixed, so results are reproducible)."""
     frame_stack: int = 1
-    """Encoded observations the network sees at once (SB3 ``VecFrameStack``; 1 = the last only).
+    """Encoded observations the network sees at once (:class:`automdt.simulator.pipeline.FrameStack`,
+    the values of SB3 ``VecFrameStack``; 1 = the last only).
     More history lets a policy probe (step, look, step back) without a recurrent network."""
     features: Tuple[str, ...] = ()
-    """Derived inputs added to each encoding (:data:`automdt.agents.ppo.FEATURES`)."""
+    """Derived inputs added to each encoding (:data:`automdt.simulator.pipeline.FEATURES`)."""
 
     def policy_kwargs(self) -> Dict[str, Any]:
         """The ``policy_kwargs`` recorded in the metadata (JSON form: activation by name)."""
@@ -332,10 +334,10 @@ def train(
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.utils import set_random_seed
-    from stable_baselines3.common.vec_env import VecFrameStack
 
     import automdt
     from automdt.agents import ppo as ppo_mod
+    from automdt.agents import ppo_sb3
     from automdt.simulator import env as sim_env
     from automdt.simulator.sb3 import BatchedSimVecEnv
 
@@ -375,9 +377,9 @@ def train(
         change_penalty=cfg.change_penalty, changes=changes,
     )
     venv.seed(seed)  # env i gets seed + i at the first reset (SB3 VecEnv semantics)
-    train_env: Any = _FeatureVecEnv(venv, cfg.features, profile.max_threads) if cfg.features else venv
-    if cfg.frame_stack > 1:
-        train_env = VecFrameStack(train_env, cfg.frame_stack)
+    train_env: Any = venv
+    if cfg.features or cfg.frame_stack > 1:  # the policy's input pipeline, as PPOPolicy runs it live
+        train_env = PolicyInputVecEnv(venv, cfg.features, profile.max_threads, cfg.frame_stack)
     policy_kwargs_json = cfg.policy_kwargs()
     model = PPO(
         "MlpPolicy", train_env,
@@ -408,9 +410,8 @@ def train(
     # ------------------------------------------------------------------------------------------
 
     t0 = time.perf_counter()
-    eval_policy = ppo_mod.PPOPolicy(model.policy, deterministic=True,
-                                    metadata={"max_threads": profile.max_threads, "frame_stack": cfg.frame_stack,
-                                              "features": list(cfg.features)})
+    eval_meta = {"max_threads": profile.max_threads, "frame_stack": cfg.frame_stack, "features": list(cfg.features),
+                 "policy_kwargs": policy_kwargs_json, "start_threads": [1, 1, 1]}
     curve: List[EvalPoint] = []
     state: Dict[str, Any] = {
         "best": -math.inf, "best_state": None, "best_ts": 0, "best_eval": None,
@@ -431,6 +432,8 @@ def train(
 
     def do_eval(num_timesteps: int, rewards: List[float]) -> bool:
         """Evaluate, record, keep the best; return True when training should stop."""
+        # the numpy policy the transfer path runs, on a copy of the current weights
+        eval_policy = ppo_mod.PPOPolicy(model.policy, deterministic=True, metadata=eval_meta)
         res = evaluate(eval_policy, eval_profiles, k=k, steps=eval_steps, seed=eval_seed)
         wall = time.perf_counter() - t0
         point = EvalPoint(num_timesteps, round(wall, 3), float(np.mean(rewards)) if rewards else float("nan"),
@@ -500,24 +503,28 @@ def train(
                      best_eval=res_last)
     model.policy.load_state_dict(state["best_state"])
     model.save(model_path)
+    weight_names = ppo_sb3.write_numpy_weights(model_path, model.policy)
     os.chmod(model_path, 0o644)
     best_eval = state["best_eval"]
     reached = target_fraction is not None and state["best"] >= target_fraction
 
-    obs_space, act_space = ppo_mod._simulator_spaces(cfg.frame_stack, cfg.features)
+    obs_space, act_space = ppo_sb3.simulator_spaces(cfg.frame_stack, cfg.features)
+    start = _policy_start(profile, k, random_profiles)
     meta: Dict[str, Any] = {
         "format": ppo_mod.POLICY_FORMAT,
         "algorithm": "PPO",
         "env_id": sim_env.ENV_ID,
         "simulator_version": getattr(automdt, "__version__", "unknown"),
-        "observation_space": ppo_mod._space_to_json(obs_space),
-        "action_space": ppo_mod._space_to_json(act_space),
+        "observation_space": ppo_sb3.space_to_json(obs_space),
+        "action_space": ppo_sb3.space_to_json(act_space),
         "observation_names": list(sim_env.OBS_NAMES),
         "action_names": list(sim_env.ACTION_NAMES),
         "policy_kwargs": policy_kwargs_json,
         "frame_stack": int(cfg.frame_stack),
         "features": list(cfg.features),
-        "start_threads": [1, 1, 1],
+        "start_threads": list(start["threads"]),
+        "start": start,
+        "numpy_weights": ppo_sb3.numpy_weights_metadata(weight_names),
         "k": float(k),
         "max_threads": int(profile.max_threads),
         "interval_s": float(profile.interval_s),
@@ -572,52 +579,53 @@ def _linear(start: float, end: float) -> Any:
     return schedule
 
 
-def _feature_vec_env_class() -> Any:
+def _policy_start(profile: Profile, k: float, random_profiles: bool) -> Dict[str, Any]:
+    """The metadata's ``start``: a policy trained on one profile starts at that profile's oracle
+    triple (:func:`automdt.simulator.oracle.oracle`); a general one at (1, 1, 1)."""
+    if random_profiles:
+        return {"threads": [1, 1, 1], "source": "policy"}
+    from automdt.simulator.oracle import oracle
+
+    return {"threads": [int(x) for x in oracle(profile, k).threads], "source": "profile"}
+
+
+def _policy_input_vec_env_class() -> Any:
     from stable_baselines3.common.vec_env import VecEnvWrapper
 
-    from automdt.agents.ppo import FeatureState, _simulator_spaces, add_features
+    from automdt.agents.ppo_sb3 import simulator_spaces
+    from automdt.simulator.pipeline import PolicyInput
 
-    class FeatureVecEnv(VecEnvWrapper):
-        """Appends :func:`automdt.agents.ppo.add_features` to every observation (also terminal ones).
+    class PolicyInputVecEnv(VecEnvWrapper):
+        """The simulator's encodings through :class:`automdt.simulator.pipeline.PolicyInput` (derived
+        features, frame stack): the very code :class:`automdt.agents.ppo.PPOPolicy` runs live.
 
-        Stateful features follow each env's episodes as :class:`automdt.agents.ppo.PPOPolicy`
-        follows a transfer: a terminal observation still belongs to the old episode, the
-        observation returned with ``done`` starts the new one.
+        Stateful features and stacks follow each env's episodes as the live policy follows a
+        transfer: a terminal observation still belongs to the old episode, the observation
+        returned with ``done`` starts the new one (``VecFrameStack``'s semantics).
         """
 
-        def __init__(self, venv: Any, features: Sequence[str], max_threads: int) -> None:
-            self.features, self.max_threads = tuple(features), int(max_threads)
-            self.state = FeatureState(venv.num_envs)
-            super().__init__(venv, observation_space=_simulator_spaces(1, self.features)[0])
+        def __init__(self, venv: Any, features: Sequence[str], max_threads: int, frame_stack: int = 1) -> None:
+            self.pipeline = PolicyInput(venv.num_envs, max_threads, features, frame_stack)
+            super().__init__(venv, observation_space=simulator_spaces(frame_stack, features)[0])
 
         def reset(self) -> np.ndarray:
-            self.state.reset()
-            return add_features(self.venv.reset(), self.features, self.max_threads, self.state)
+            return self.pipeline.reset(self.venv.reset())
 
         def step_wait(self) -> Any:
             obs, rew, done, infos = self.venv.step_wait()
-            done_rows = np.flatnonzero(done)
-            if done_rows.size:
-                # the old episode's last encoding: rows that did not end see their current one again
-                # (their state is restored below), so the state arrays stay one batch
-                last = obs.copy()
-                for i in done_rows:
-                    if "terminal_observation" in infos[i]:
-                        last[i] = infos[i]["terminal_observation"]
-                saved = copy.deepcopy(self.state)
-                term = add_features(last, self.features, self.max_threads, self.state)
-                for i in done_rows:
-                    if "terminal_observation" in infos[i]:
-                        infos[i]["terminal_observation"] = term[i]
-                self.state = saved
-                self.state.reset(done_rows)
-            return add_features(obs, self.features, self.max_threads, self.state), rew, done, infos
+            terminal = {int(i): infos[i]["terminal_observation"] for i in np.flatnonzero(done)
+                        if "terminal_observation" in infos[i]}
+            x, term = self.pipeline.step(obs, done, terminal)
+            for i, t in term.items():
+                infos[i]["terminal_observation"] = t
+            return x, rew, done, infos
 
-    return FeatureVecEnv
+    return PolicyInputVecEnv
 
 
-def _FeatureVecEnv(venv: Any, features: Sequence[str], max_threads: int) -> Any:
-    return _feature_vec_env_class()(venv, features, max_threads)
+def PolicyInputVecEnv(venv: Any, features: Sequence[str], max_threads: int, frame_stack: int = 1) -> Any:
+    """An SB3 ``VecEnvWrapper`` applying the policy's input pipeline (see the class above)."""
+    return _policy_input_vec_env_class()(venv, features, max_threads, frame_stack)
 
 
 def _versions() -> Dict[str, str]:

@@ -2,44 +2,54 @@
 
 Public API (see each module): :mod:`~automdt.simulator.profile` (``Profile``, ``StageProfile``,
 ``capacity``, ``ProfileError``), :mod:`~automdt.simulator.env` (``BufferSimEnv`` registered as
-``automdt/BufferSim-v0``, ``ObservationEncoder``, ``action_to_threads``, ``utility``),
-:mod:`~automdt.simulator.vector` (``BatchedBufferSim``), :mod:`~automdt.simulator.changes`
-(``ProfileChanges``: episodes whose profile changes mid-episode). The stable-baselines3 adapter lives in
-:mod:`automdt.simulator.sb3` and is not imported here (it pulls in torch).
-"""
-from automdt.simulator.changes import ProfileChanges
-from automdt.simulator.env import (
-    ENV_ID,
-    OBS_DIM,
-    OBS_NAMES,
-    BufferSimEnv,
-    ObservationEncoder,
-    action_to_threads,
-    make_action_space,
-    make_observation_space,
-    utility,
-)
-from automdt.simulator.profile import STAGES, Profile, ProfileError, StageProfile, capacity
-from automdt.simulator.types import Observation, Triple
-from automdt.simulator.vector import BatchedBufferSim
+``automdt/BufferSim-v0``, ``action_to_threads``, ``utility``),
+:mod:`~automdt.simulator.vector` (``BatchedBufferSim``), :mod:`~automdt.simulator.pipeline`
+(``ObservationEncoder`` and the rest of the policy's numpy input pipeline),
+:mod:`~automdt.simulator.changes` (``ProfileChanges``: episodes whose profile changes
+mid-episode). The stable-baselines3
+adapter lives in :mod:`automdt.simulator.sb3` and is not imported here (it pulls in torch).
 
-__all__ = [
-    "ENV_ID",
-    "OBS_DIM",
-    "OBS_NAMES",
-    "STAGES",
-    "BatchedBufferSim",
-    "BufferSimEnv",
-    "Observation",
-    "ObservationEncoder",
-    "Profile",
-    "ProfileChanges",
-    "ProfileError",
-    "StageProfile",
-    "Triple",
-    "action_to_threads",
-    "capacity",
-    "make_action_space",
-    "make_observation_space",
-    "utility",
-]
+The names below are loaded lazily (PEP 562): importing ``automdt.simulator.types`` or
+``automdt.simulator.pipeline`` (what the live transfer path needs) does not import gymnasium;
+``from automdt.simulator import BufferSimEnv`` still works and imports it then.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "ENV_ID": "env",
+    "BufferSimEnv": "env",
+    "action_to_threads": "env",
+    "make_action_space": "env",
+    "make_observation_space": "env",
+    "utility": "env",
+    "OBS_DIM": "dynamics",
+    "OBS_NAMES": "dynamics",
+    "ObservationEncoder": "pipeline",
+    "STAGES": "profile",
+    "Profile": "profile",
+    "ProfileError": "profile",
+    "StageProfile": "profile",
+    "capacity": "profile",
+    "Observation": "types",
+    "Triple": "types",
+    "BatchedBufferSim": "vector",
+    "ProfileChanges": "changes",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -1,8 +1,9 @@
 """Gymnasium environment of the two staging buffers, and the policy-facing contract.
 
-The live controller uses exactly :class:`ObservationEncoder`, :func:`action_to_threads`,
-:func:`make_action_space` / :func:`make_observation_space` and :func:`utility`: they are pure
-(the encoder holds only per-episode running values) and need no knowledge of the profile.
+The live controller uses the same encoding (:class:`ObservationEncoder`, which lives in the
+numpy-only :mod:`automdt.simulator.pipeline` and is re-exported here), action map
+(:func:`~automdt.simulator.dynamics.actions_to_threads`, :func:`action_to_threads` here) and
+:func:`utility`: they are pure and need no knowledge of the profile.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from automdt.simulator.dynamics import (
     encode_arrays,
     utility_arrays,
 )
+from automdt.simulator.pipeline import ObservationEncoder  # noqa: F401  (re-exported: its old home)
 from automdt.simulator.profile import STAGES, Profile
 from automdt.simulator.types import Observation, Triple
 
@@ -92,62 +94,6 @@ def utility(throughput_bps: Sequence[float] | np.ndarray, threads: Sequence[int]
     """
     u = utility_arrays(np.asarray(throughput_bps, dtype=np.float64), np.asarray(threads), k, scale_bps)
     return float(u) if np.ndim(u) == 0 else u
-
-
-class ObservationEncoder:
-    """Turns measured :class:`Observation` s into the policy input; one instance per episode.
-
-    Scale-free and profile-free: it uses only what the live engine measures. Layout
-    (``OBS_DIM = 17``, all float32 in [0, 1]):
-
-    | Index | Name (:data:`OBS_NAMES`)  | Value                                                     |
-    |-------|---------------------------|-----------------------------------------------------------|
-    | 0-2   | read/net/write threads    | threads / max_threads                                     |
-    | 3-5   | read/net/write throughput | throughput (B/s) / ref, ref = max stage throughput so far |
-    | 6     | buffer/sender_fill        | sender buffer fill fraction at the end of the interval    |
-    | 7     | buffer/receiver_fill      | receiver buffer fill fraction                             |
-    | 8-10  | prev threads              | the previous interval's threads / max_threads             |
-    | 11-13 | prev throughput           | the previous interval's throughputs / ref (current ref)   |
-    | 14-16 | thread efficiency         | (t_i / n_i) / best t_i / n_i seen since reset, per stage  |
-
-    ``ref`` is the largest single-stage throughput seen since :meth:`reset` (floored at 1 B/s), so
-    the stage with the best rate so far reads 1 and a path of any speed looks alike. On the first
-    interval "previous" equals current.
-
-    *Thread efficiency* is the stage's per-thread rate relative to the best per-thread rate it
-    showed in this transfer: about ``n_useful / n``, where ``n_useful`` is the number of threads
-    the current flow actually needs. A stage held at its bandwidth or waiting on a buffer reads
-    below 1 and so tells the policy how far it can cut that stage's threads. It is the one
-    feature that is not a raw measurement; in the simulator, on random profiles, it raised a
-    short PPO run from ~0.84 to ~0.94 of the oracle utility.
-
-    :param max_threads: the thread bound used to scale thread counts.
-    """
-
-    def __init__(self, max_threads: int) -> None:
-        assert max_threads >= 1, f"max_threads must be >= 1, got {max_threads}"
-        self.max_threads = int(max_threads)
-        self.observation_space = make_observation_space()
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget the running reference and the previous interval (start of a transfer)."""
-        self.ref_bps = 0.0
-        self.best_rate_bps = np.zeros((1, 3))
-        self._prev: tuple[np.ndarray, np.ndarray] | None = None
-
-    def encode(self, obs: Observation) -> np.ndarray:
-        """Encode one interval's measurements; updates the running state. Returns shape (17,)."""
-        threads = np.asarray(obs.threads, dtype=np.int64).reshape(1, 3)
-        tput = np.asarray(obs.throughput_bps, dtype=np.float64).reshape(1, 3)
-        fill = np.asarray(obs.buffer_fill, dtype=np.float64).reshape(1, 2)
-        self.ref_bps = max(self.ref_bps, float(tput.max()))
-        self.best_rate_bps = np.maximum(self.best_rate_bps, tput / np.maximum(threads, 1))
-        prev_t, prev_x = (threads, tput) if self._prev is None else self._prev
-        out = encode_arrays(threads, tput, fill, prev_t, prev_x, np.array([self.ref_bps]), self.max_threads,
-                            self.best_rate_bps)[0]
-        self._prev = (threads, tput)
-        return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """The yardstick: the best steady-state thread triple for a known profile, and a policy evaluator.
 
 ``fraction_of_oracle = policy utility / oracle utility`` (both in the reward's normalisation).
+:func:`oracle` and :func:`oracle_batch` need numpy only (the live controller computes a
+profile-trained policy's start with them); :func:`evaluate_policy_in_sim` imports the gymnasium
+environment when called.
 """
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from automdt.simulator.env import BufferSimEnv
 from automdt.simulator.profile import Profile, capacity_array
 from automdt.simulator.types import Observation, Triple
 
@@ -180,6 +182,8 @@ def evaluate_policy_in_sim(
         raise TypeError("policy must have reset()/act() methods or be a callable act(Observation)")
     if start_threads is not None:
         start = start_threads
+    from automdt.simulator.env import BufferSimEnv  # gymnasium: imported here, so oracle() stays numpy-only
+
     env = BufferSimEnv(profile, k=k, episode_steps=steps, random_start=False, noise=noise)
     _, info = env.reset(seed=seed, options={"threads": tuple(int(x) for x in start)})
     threads = np.zeros((steps, 3), dtype=np.int64)

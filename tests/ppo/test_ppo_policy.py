@@ -1,4 +1,4 @@
-"""PPOPolicy: the Policy protocol, loading, and one-line loading errors."""
+"""PPOPolicy: the Policy protocol, loading (numpy only, pickle-free), and one-line loading errors."""
 from __future__ import annotations
 
 import json
@@ -33,8 +33,31 @@ def test_satisfies_policy_protocol(tiny_policy):
 
     pol = PPOPolicy.load(tiny_policy.model_path)
     assert isinstance(pol, Policy)
-    assert pol.name == "ppo"
+    assert pol.name == f"ppo:{tiny_policy.model_path}"  # logs and `simulate` name the file
     assert pol.deterministic
+
+
+def _profile_start(max_threads=32):
+    from automdt.agents.base import clamp_triple
+    from automdt.simulator.oracle import oracle
+    from automdt.simulator.profile import Profile
+
+    return clamp_triple(oracle(Profile.default()).threads, max_threads)
+
+
+def test_profile_trained_policy_starts_at_its_oracle(tiny_policy):
+    """The tiny policy is trained on Profile.default(): it starts at that profile's optimum, stored
+    in its metadata, and an older file with only the profile gets it computed at load time."""
+    from automdt.agents.ppo import PPOPolicy
+
+    pol = PPOPolicy.load(tiny_policy.model_path)
+    assert pol.start_source == "profile"
+    assert pol.reset(32) == _profile_start() != (1, 1, 1)
+    assert tiny_policy.metadata["start"] == {"threads": list(_profile_start()), "source": "profile"}
+    meta = dict(tiny_policy.metadata)
+    del meta["start"]
+    older = PPOPolicy(pol.actor, metadata=meta)
+    assert (older.start_threads, older.start_source) == (_profile_start(), "profile")
 
 
 @pytest.mark.parametrize("max_threads", [1, 4, 20, 32, 64])
@@ -44,7 +67,7 @@ def test_triples_in_range(tiny_policy, max_threads):
     pol = PPOPolicy.load(tiny_policy.model_path)
     rng = np.random.default_rng(max_threads)
     start = pol.reset(max_threads, seed=0)
-    assert start == (1, 1, 1)
+    assert start == _profile_start(max_threads)
     threads = start
     for _ in range(50):
         threads = pol.act(_obs(rng, threads, max_threads))
@@ -75,6 +98,8 @@ def test_sampling_is_seeded_and_leaves_global_rng_alone(tiny_policy):
     from automdt.agents.ppo import PPOPolicy
 
     pol = PPOPolicy.load(tiny_policy.model_path, deterministic=False)
+    np.random.seed(11)
+    np_before = np.random.get_state()[1].copy()
 
     def run(seed):
         rng = np.random.default_rng(3)
@@ -89,6 +114,7 @@ def test_sampling_is_seeded_and_leaves_global_rng_alone(tiny_policy):
     before = torch.random.get_rng_state()
     first = run(5)
     assert torch.equal(before, torch.random.get_rng_state())
+    assert np.array_equal(np_before, np.random.get_state()[1])
     assert run(5) == first
     assert run(6) != first
 
@@ -108,18 +134,35 @@ def test_default_names_resolve_to_the_shipped_file():
     path = default_policy_path()
     assert path.name == "default_policy.zip" and path.is_file()
     for name in ("ppo", "default", "PPO"):
-        assert load_policy(name).path == path
+        pol = load_policy(name)
+        assert pol.path == path and pol.name == "ppo:default"
+
+
+def test_default_policy_path_survives_a_namespace_package(tmp_path, monkeypatch):
+    """A stray ``automdt`` directory (e.g. /tmp/automdt, the job locks' fallback home) can turn the
+    package into a namespace package; ``files()`` then returns a MultiplexedPath whose joinpath
+    takes one argument (Python 3.11). The shipped file is still found."""
+    from importlib.resources.readers import MultiplexedPath
+
+    from automdt.agents import ppo
+
+    real = ppo.default_policy_path().parent.parent
+    (tmp_path / "automdt").mkdir()
+    monkeypatch.setattr(ppo.resources, "files", lambda pkg: MultiplexedPath(tmp_path / "automdt", real))
+    path = ppo.default_policy_path()
+    assert path == real / "data" / "default_policy.zip" and path.is_file()
 
 
 # ----------------------------------------------------------------------------- loading errors
-def _load_error(path):
+def _load_error(path, names=None):
+    """The one-line error loading ``path`` raises; it starts with ``names`` (default: ``path``)."""
     from automdt.agents.ppo import PPOPolicy
 
     with pytest.raises(ValueError) as ei:
         PPOPolicy.load(path)
     msg = str(ei.value)
     assert "\n" not in msg, msg
-    assert msg.startswith(str(path) + ": "), msg
+    assert msg.startswith(str(names or path) + ": "), msg
     return msg
 
 
@@ -140,7 +183,9 @@ def test_not_a_zip(tmp_path):
 def test_zip_without_metadata(tmp_path, tiny_policy):
     p = tmp_path / "p.zip"
     shutil.copy(tiny_policy.model_path, p)
-    assert "no metadata file p.zip.json" in _load_error(p)
+    msg = _load_error(p)
+    assert "no metadata file p.zip.json" in msg
+    assert "two files that travel together: copy p.zip and p.zip.json" in msg
 
 
 def test_metadata_not_json_or_wrong_format(tmp_path, tiny_policy):
@@ -159,7 +204,8 @@ def test_other_zip(tmp_path, tiny_policy):
     meta = json.loads(tiny_policy.metadata_path.read_text())
     meta["sha256"] = None
     p.with_name(p.name + ".json").write_text(json.dumps(meta))
-    assert "zip has no SB3 'data' and 'policy.pth' entries" in _load_error(p)
+    msg = _load_error(p)
+    assert "zip has no automdt_actor.npz" in msg and "python -m automdt.agents.ppo_sb3" in msg
 
 
 def test_sha256_mismatch(tmp_path, tiny_policy):
@@ -202,12 +248,48 @@ def test_unknown_activation_is_refused(tmp_path, tiny_policy):
 
 
 @pytest.mark.parametrize("mode", [0o664, 0o646, 0o666])
-def test_refuses_files_writable_by_others(tmp_path, tiny_policy, mode):
+@pytest.mark.parametrize("which", ["zip", "sidecar"])
+def test_refuses_files_writable_by_others(tmp_path, tiny_policy, mode, which):
     p = _copy_policy(tiny_policy.model_path, tmp_path)
-    os.chmod(p, mode)
-    msg = _load_error(p)
-    assert "refusing to load a policy file writable by other users" in msg
+    target = p if which == "zip" else p.with_name(p.name + ".json")
+    os.chmod(target, mode)
+    msg = _load_error(p, target)
+    assert f"{target}: refusing to load a policy file writable by other users" in msg
     assert "chmod go-w" in msg
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a file to another user")
+@pytest.mark.parametrize("which", ["zip", "sidecar"])
+def test_refuses_files_owned_by_another_user(tmp_path, tiny_policy, which):
+    p = _copy_policy(tiny_policy.model_path, tmp_path)
+    target = p if which == "zip" else p.with_name(p.name + ".json")
+    os.chown(target, 4242, -1)
+    assert f"{target}: refusing to load a policy file owned by another user (uid 4242)" in _load_error(p, target)
+
+
+def test_older_file_without_numpy_weights(tmp_path, tiny_policy):
+    """A policy zip written before the numpy weights existed: a one-line error naming the fix, and
+    the fix (python -m automdt.agents.ppo_sb3 PATH) makes it load with the same actions."""
+    from automdt.agents import ppo_sb3
+    from automdt.agents.ppo import WEIGHTS_ENTRY, PPOPolicy, sha256_file
+
+    p = tmp_path / "old.zip"
+    with zipfile.ZipFile(tiny_policy.model_path) as src, zipfile.ZipFile(p, "w") as dst:
+        for info in src.infolist():
+            if info.filename != WEIGHTS_ENTRY:
+                dst.writestr(info, src.read(info.filename))
+    meta = json.loads(tiny_policy.metadata_path.read_text())
+    meta["sha256"] = sha256_file(p)
+    p.with_name(p.name + ".json").write_text(json.dumps(meta))
+    msg = _load_error(p)
+    assert f"zip has no {WEIGHTS_ENTRY}" in msg and f"python -m automdt.agents.ppo_sb3 {p}" in msg
+    code = subprocess.run([sys.executable, "-m", "automdt.agents.ppo_sb3", str(p)], capture_output=True, text=True)
+    assert code.returncode == 0, code.stderr
+    fixed, orig = PPOPolicy.load(p), PPOPolicy.load(tiny_policy.model_path)
+    x = np.random.default_rng(1).uniform(0, 1, (200, orig.actor.in_dim)).astype(np.float32)
+    assert np.array_equal(fixed.actor.mode(x), orig.actor.mode(x))
+    assert json.loads(p.with_name(p.name + ".json").read_text())["sha256"] == sha256_file(p)
+    assert ppo_sb3.load_network(p) is not None
 
 
 def test_never_unpickles(tmp_path, tiny_policy, monkeypatch):
@@ -222,9 +304,10 @@ def test_never_unpickles(tmp_path, tiny_policy, monkeypatch):
         raise AssertionError("unpickled something")
 
     monkeypatch.setattr(pickle, "loads", boom)
+    monkeypatch.setattr(pickle, "load", boom)
     monkeypatch.setattr(cloudpickle, "loads", boom)
     pol = PPOPolicy.load(tiny_policy.model_path)
-    assert pol.reset(32) == (1, 1, 1)
+    assert pol.reset(32) == _profile_start()
 
 
 def test_training_module_imports_without_torch():
@@ -240,10 +323,10 @@ def test_training_module_imports_without_torch():
                                                     (2, ("debiased_spare", "noise_level"))])
 def test_policy_sees_what_the_training_env_showed(tmp_path, frame_stack, features):
     """PPOPolicy's encoding (and frame stacking) of live Observations equals the training input."""
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack
+    from stable_baselines3.common.vec_env import DummyVecEnv
 
     from automdt.agents.ppo import PPOPolicy
-    from automdt.agents.training import _FeatureVecEnv
+    from automdt.agents.training import PolicyInputVecEnv
     from automdt.simulator.env import BufferSimEnv, action_to_threads
     from automdt.simulator.profile import Profile
     from tests.ppo.conftest import tiny_config, tiny_train
@@ -253,11 +336,11 @@ def test_policy_sees_what_the_training_env_showed(tmp_path, frame_stack, feature
     pol = PPOPolicy.load(rep.model_path)
     assert pol.frame_stack == frame_stack and pol.features == features
     inner = DummyVecEnv([lambda: BufferSimEnv(Profile.default(), random_start=False, episode_steps=25)])
-    venv = _FeatureVecEnv(inner, features, 32) if features else inner
-    venv = VecFrameStack(venv, frame_stack) if frame_stack > 1 else venv
+    venv = PolicyInputVecEnv(inner, features, 32, frame_stack) if features or frame_stack > 1 else inner
     venv.seed(4)
     x = venv.reset()
     obs = inner.reset_infos[0]["observation"]
+    pol.start_threads = obs.threads  # the env starts at (1, 1, 1)
     threads = pol.reset(32)
     assert threads == obs.threads
     for _ in range(40):  # past the end of the 25-step episode: stateful inputs restart with it
@@ -272,17 +355,6 @@ def test_policy_sees_what_the_training_env_showed(tmp_path, frame_stack, feature
             assert pol.reset(32) == obs.threads
         else:
             obs = infos[0]["observation"]
-
-
-def test_fast_mode_equals_sb3_predict(tiny_policy):
-    from automdt.agents.ppo import PPOPolicy
-
-    pol = PPOPolicy.load(tiny_policy.model_path)
-    rng = np.random.default_rng(0)
-    dim = pol.network.observation_space.shape[0]
-    for x in rng.uniform(0, 1, (500, dim)).astype(np.float32):
-        expected, _ = pol.network.predict(x, deterministic=True)
-        assert np.array_equal(pol._mode(x), expected)
 
 
 def test_debiased_spare_counts_surplus_threads_whatever_the_noise():
