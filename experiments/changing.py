@@ -43,11 +43,11 @@ import numpy as np
 
 from automdt.experiments import metrics as M
 from automdt.experiments import plots
-from automdt.experiments.real import (PolicyUnavailable, explore_and_train, load_average, profile_summary,
-                                      to_result)
+from automdt.experiments.real import (PolicyUnavailable, check_lines, explore_and_train, load_average,
+                                      profile_summary, report_head, to_result)
 from automdt.experiments.real import policy_spec as real_policy_spec
 from automdt.experiments.realpaths import PathSession, RealScenario
-from automdt.experiments.runner import RunDir, RunResult, git_info, interval_rows, ppo_default_info
+from automdt.experiments.runner import RunDir, RunResult, interval_rows, ppo_default_info
 from automdt.experiments.scenarios import MB
 
 STAGES = ("read", "net", "write")
@@ -392,18 +392,10 @@ def run_changing(st: Any) -> Any:
 def write_changing_results(st: Any, rd: RunDir, names: Sequence[str], labels: Sequence[str],
                            per: Dict[str, Dict[str, Any]], skipped: Dict[str, str], results: Sequence[RunResult]
                            ) -> Dict[str, Any]:
-    g = git_info()
-    lines = ["# Changing paths", "",
-             "Each policy copies a dataset to completion while the path changes at fixed times "
-             "(`experiments/changing.py`): seconds until 90% of the new achievable rate after each change, "
-             "completion time, mean threads per stage, CPU (both ends).", "",
-             f"- run directory `{rd.path}`; seed {st.seed}; git `{(g.get('commit') or '?')[:12]}`"
-             + (" (working tree modified)" if g.get("dirty") else ""),
-             f"- engine options: staging buffer {st.memory >> 20} MiB per side, chunk {st.chunk_size >> 10} KiB, "
-             f"interval {st.interval_s:g} s, at most {st.max_threads} threads per stage"
-             + ("; **quick mode**" if st.quick else ""), ""]
-    if skipped:
-        lines += ["Scenarios not run: " + "; ".join(f"**{k}**: {v}" for k, v in skipped.items()), ""]
+    lines = report_head("Changing paths",
+                        "Each policy copies a dataset to completion while the path changes at fixed times "
+                        "(`experiments/changing.py`): seconds until 90% of the new achievable rate after each change, "
+                        "completion time, mean threads per stage, CPU (both ends).", st, rd, skipped, "Scenarios")
     checks: List[Tuple[str, Optional[bool], str]] = []
     totals: Dict[str, List[float]] = {}
     comp_series: Dict[str, List[Optional[float]]] = {lab: [] for lab in labels}
@@ -486,9 +478,7 @@ def write_changing_results(st: Any, rd: RunDir, names: Sequence[str], labels: Se
         lines += ["## PPO vs Marlin over the suite", "",
                   M.md_table(["policy", "Marlin total s", "policy total s", "Marlin / policy", "per scenario"],
                              ratio_rows), ""]
-    lines += ["## The issue's checks", ""]
-    lines += [f"- {'PASS' if ok else ('n/a' if ok is None else 'FAIL')}: {t} ({d})" for t, ok, d in checks]
-    lines.append("")
+    lines += check_lines(checks)
     rd.write_text("results.md", "\n".join(lines))
     st.log(f"[changing] wrote {rd.path}/results.md")
     return {"checks": [{"check": t, "pass": ok, "detail": d} for t, ok, d in checks], "scenarios": per,

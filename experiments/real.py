@@ -373,24 +373,38 @@ def run_real(st: Any) -> Any:
     return Experiment("real", rd.path, results, cfg["skipped"], summary)
 
 
-def write_real_results(st: Any, rd: RunDir, names: Sequence[str], labels: Sequence[str], per: Dict[str, Dict[str, Any]],
-                       skipped: Dict[str, str], results: Sequence[RunResult], s2r: Sequence[Dict[str, Any]],
-                       duration: float) -> Dict[str, Any]:
+def report_head(title: str, intro: str, st: Any, rd: RunDir, skipped: Dict[str, str], what: str) -> List[str]:
+    """The first lines of a ``results.md``: title, what ran, run directory, git, options, what was skipped."""
     g = git_info()
-    lines = ["# Real-resource paths", "",
-             "Every policy on paths whose bottleneck is a real resource (no engine rate limit): a `tc tbf` link "
-             "between two network namespaces with the delay forwarder's RTT and per-connection window, cold reads "
-             "and fsync'ed writes on the real disk, a receiver confined by a cgroup CPU quota "
-             "(`experiments/realpaths.py`). The yardstick is the *empirical oracle*: the best static triple of a "
-             "grid search on the same path (`experiments/real.py`). Throughput = bytes written at the receiver per "
-             f"second, mean over each {duration:g}-s run (the dataset is copied again when it runs out).", "",
+    lines = [f"# {title}", "", intro, "",
              f"- run directory `{rd.path}`; seed {st.seed}; git `{(g.get('commit') or '?')[:12]}`"
              + (" (working tree modified)" if g.get("dirty") else ""),
              f"- engine options: staging buffer {st.memory >> 20} MiB per side, chunk {st.chunk_size >> 10} KiB, "
              f"interval {st.interval_s:g} s, at most {st.max_threads} threads per stage"
              + ("; **quick mode**" if st.quick else ""), ""]
     if skipped:
-        lines += ["Paths not run: " + "; ".join(f"**{k}**: {v}" for k, v in skipped.items()), ""]
+        lines += [f"{what} not run: " + "; ".join(f"**{k}**: {v}" for k, v in skipped.items()), ""]
+    return lines
+
+
+def check_lines(checks: Sequence[Tuple[str, Optional[bool], str]]) -> List[str]:
+    """The issue's checks as markdown list items (PASS / FAIL / n/a)."""
+    return (["## The issue's checks", ""]
+            + [f"- {'PASS' if ok else ('n/a' if ok is None else 'FAIL')}: {t} ({d})" for t, ok, d in checks] + [""])
+
+
+def write_real_results(st: Any, rd: RunDir, names: Sequence[str], labels: Sequence[str], per: Dict[str, Dict[str, Any]],
+                       skipped: Dict[str, str], results: Sequence[RunResult], s2r: Sequence[Dict[str, Any]],
+                       duration: float) -> Dict[str, Any]:
+    lines = report_head(
+        "Real-resource paths",
+        "Every policy on paths whose bottleneck is a real resource (no engine rate limit): a `tc tbf` link "
+        "between two network namespaces with the delay forwarder's RTT and per-connection window, cold reads "
+        "and fsync'ed writes on the real disk, a receiver confined by a cgroup CPU quota "
+        "(`experiments/realpaths.py`). The yardstick is the *empirical oracle*: the best static triple of a "
+        "grid search on the same path (`experiments/real.py`). Throughput = bytes written at the receiver per "
+        f"second, mean over each {duration:g}-s run (the dataset is copied again when it runs out).", st, rd, skipped,
+        "Paths")
     checks: List[Tuple[str, Optional[bool], str]] = []
     fractions: Dict[str, List[Optional[float]]] = {lab: [] for lab in labels}
     groups = []
@@ -467,9 +481,7 @@ def write_real_results(st: Any, rd: RunDir, names: Sequence[str], labels: Sequen
         lines += ["![sim vs real](real-sim-vs-real.png)", ""]
     else:
         lines += ["Not available: no path was explored (ppo-own not among the policies, or exploration failed).", ""]
-    lines += ["## The issue's checks", ""]
-    lines += [f"- {'PASS' if ok else ('n/a' if ok is None else 'FAIL')}: {t} ({d})" for t, ok, d in checks]
-    lines.append("")
+    lines += check_lines(checks)
     rd.write_text("results.md", "\n".join(lines))
     st.log(f"[real] wrote {rd.path}/results.md")
     return {"checks": [{"check": t, "pass": ok, "detail": d} for t, ok, d in checks], "paths": per,

@@ -149,29 +149,13 @@ class NetLink(SharedLink):
     def setup(self) -> None:
         if self.qdisc_kind == "tbf":
             return super().setup()
+        self.setup_veth()
         rate = self.rate_bps
-        self.rate_bps = 0.0  # no tbf from the base class: an htb class instead
-        try:
-            self._namespaces_only()
-        finally:
-            self.rate_bps = rate
         burst = max(64 * 1024, int(rate * 0.004))
         tc = ["ip", "netns", "exec", self.snd, "tc"]
         _sh(*tc, "qdisc", "add", "dev", self.if_snd, "root", "handle", "1:", "htb", "default", "10")
         _sh(*tc, "class", "add", "dev", self.if_snd, "parent", "1:", "classid", "1:10", "htb", "rate",
             f"{int(rate * 8)}bit", "ceil", f"{int(rate * 8)}bit", "burst", str(burst), "cburst", str(burst))
-
-    def _namespaces_only(self) -> None:
-        for ns in (self.snd, self.rcv):
-            _sh("ip", "netns", "add", ns)
-            self.created.append(ns)
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        _sh("ip", "link", "add", self.if_snd, "netns", self.snd, "type", "veth", "peer", "name", self.if_rcv,
-            "netns", self.rcv)
-        _sh("ip", "-n", self.snd, "addr", "add", f"{self.ip_snd}/30", "dev", self.if_snd)
-        _sh("ip", "-n", self.rcv, "addr", "add", f"{self.ip_rcv}/30", "dev", self.if_rcv)
-        _sh("ip", "-n", self.snd, "link", "set", self.if_snd, "up")
-        _sh("ip", "-n", self.rcv, "link", "set", self.if_rcv, "up")
 
     def set_rate(self, rate_bps: float) -> None:
         """Change the link rate now (``tc qdisc change`` / ``tc class change``)."""
