@@ -184,7 +184,7 @@ def changing_timeseries(path: str, title: str, runs: Sequence[Any], changes: Seq
         ax_x.set_ylim(bottom=0)
         if i == 0:
             ax_t.set_title("thread counts (grey: the path changes)")
-            ax_x.set_title("stage throughput (dashed: achievable per phase, dotted: 90%)")
+            ax_x.set_title("stage MB/s (dashed: achievable, dotted: 90%)")
             ax_t.legend(loc="upper right", fontsize=7, ncol=3)
             ax_x.legend(loc="lower right", fontsize=7, ncol=3)
     axes[-1][0].set_xlabel("seconds")

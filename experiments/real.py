@@ -279,9 +279,49 @@ def sim_to_real(res: RunResult, spec: str, kwargs: Dict[str, Any], prof: Any, ma
 # ---------------------------------------------------------------------------------------------
 # the experiment
 # ---------------------------------------------------------------------------------------------
+def load_run_dir(path: str) -> Tuple[Dict[str, Any], List[RunResult]]:
+    """``config.json`` and the transfers of an earlier ``real``/``changing`` run directory (rows from
+    ``intervals.csv``; ``metrics`` and ``extra`` both hold the run's line of ``runs.csv``)."""
+    import json
+
+    from automdt.experiments.runner import read_csv
+
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    ivs = read_csv(os.path.join(path, "intervals.csv")) if os.path.exists(os.path.join(path, "intervals.csv")) else []
+    out = []
+    for r in read_csv(os.path.join(path, "runs.csv")) if os.path.exists(os.path.join(path, "runs.csv")) else []:
+        for k, v in list(r.items()):
+            if isinstance(v, str) and v[:1] in "[{":
+                try:
+                    r[k] = json.loads(v)
+                except ValueError:
+                    pass
+        rows = [x for x in ivs if x["scenario"] == r["scenario"] and x["policy"] == r["policy"]]
+        out.append(RunResult(scenario=r["scenario"], policy=r["policy"], dataset=r.get("dataset") or "", rows=rows,
+                             summary={"seconds": r.get("seconds"), "exit_code": r.get("exit_code")}, metrics=r,
+                             wall_s=r.get("wall_s") or 0.0, cpu_s=r.get("cpu_s") or 0.0,
+                             completed=bool(r.get("completed")), error=r.get("error") or None, extra=r))
+    return cfg, out
+
+
 def run_real(st: Any) -> Any:
-    """The ``real`` experiment (``st``: :class:`automdt.experiments.run.Settings`)."""
+    """The ``real`` experiment (``st``: :class:`automdt.experiments.run.Settings`); ``--from DIR``
+    rewrites the tables and plots of an earlier run into a new directory."""
     from automdt.experiments.run import Experiment
+
+    if st.from_dir:
+        from automdt.experiments.runner import read_csv
+
+        cfg, results = load_run_dir(st.from_dir)
+        rd = RunDir(st.out, "real")
+        rd.write_config(cfg | {"from": os.path.abspath(st.from_dir)})
+        s2r_path = os.path.join(st.from_dir, "sim_to_real.csv")
+        s2r = read_csv(s2r_path) if os.path.exists(s2r_path) else []
+        names = [n for n in cfg["scenarios"]]
+        summary = write_real_results(st, rd, names, cfg["policies"], cfg["scenarios"], cfg.get("skipped", {}),
+                                     results, s2r, float(cfg.get("duration_s") or 0))
+        return Experiment("real", rd.path, results, cfg.get("skipped", {}), summary)
 
     all_sc = real_scenarios(st.quick)
     names = list(st.scenarios) if st.scenarios else (["net-rtt20"] if st.quick else list(all_sc))

@@ -804,7 +804,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="keep and re-use generated datasets here (default: a temp dir in /dev/shm, "
                    "removed at the end)")
     p.add_argument("--keep-data", action="store_true", help="do not remove the generated datasets")
-    p.add_argument("--from", dest="from_dir", help="bottlenecks/convergence/completion/cost: recompute the tables and plots "
+    p.add_argument("--from", dest="from_dir", help="bottlenecks/convergence/completion/cost/real/changing: recompute the tables and plots "
                    "from an earlier run directory (no transfers)")
     p.add_argument("--own-explore", type=float, default=20.0, help="ppo-own: exploration seconds per scenario")
     p.add_argument("--own-train", type=float, default=180.0, help="ppo-own: training wall-time budget per scenario")
