@@ -162,3 +162,29 @@ def test_real_quick_net_path_finds_an_oracle_that_needs_several_connections(tmp_
     assert "Empirical oracle" in md and "Sim-to-real" in md and "The issue's checks" in md
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(ns in listed for ns in cfg["scenarios"]["net-rtt20"]["path"]["link"]["namespaces"])
+
+
+def test_yardstick_policies_hold_switch_and_continue():
+    from automdt.experiments.policies import Continuing, GridPolicy, PhasedStatic
+
+    g = GridPolicy([(1, 1, 1), (2, 2, 2)], hold=2)
+    seq = [g.reset(32)] + [g.act(None) for _ in range(4)]
+    assert seq == [(1, 1, 1), (1, 1, 1), (2, 2, 2), (2, 2, 2), (2, 2, 2)] and g.done
+    ph = PhasedStatic([(0.0, (8, 2, 2)), (0.05, (2, 2, 8))])
+    assert ph.reset(32) == (8, 2, 2)
+    time.sleep(0.08)
+    assert ph.act(None) == (2, 2, 8)
+    c = Continuing(GridPolicy([(1, 1, 1), (3, 3, 3)], hold=1))
+    assert c.reset(32) == (1, 1, 1) and c.act(None) == (3, 3, 3)
+    assert c.reset(32) == (3, 3, 3)  # a new copy round continues where the policy was
+    assert c.done
+
+
+def test_sender_rounds_merge_onto_one_clock():
+    from automdt.experiments.sender_proc import _merge
+
+    rounds = [{"wall_t0": 100.0, "summary": {"bytes": 10, "exit_code": 0}, "history": [{"t": 1.0}, {"t": 2.0}]},
+              {"wall_t0": 103.5, "summary": {"bytes": 5, "exit_code": 10}, "history": [{"t": 1.0}]}]
+    m = _merge(rounds)
+    assert [h["t"] for h in m["history"]] == [1.0, 2.0, 4.5] and [h["round"] for h in m["history"]] == [0, 0, 1]
+    assert m["summary"]["bytes"] == 15 and m["summary"]["rounds"] == 2 and m["summary"]["exit_code"] == 10
