@@ -177,7 +177,7 @@ def test_yardstick_policies_hold_switch_and_continue():
     c = Continuing(GridPolicy([(1, 1, 1), (3, 3, 3)], hold=1))
     assert c.reset(32) == (1, 1, 1) and c.act(None) == (3, 3, 3)
     assert c.reset(32) == (3, 3, 3)  # a new copy round continues where the policy was
-    assert c.done
+    assert not c.done and c.act(None) == (3, 3, 3) and c.done  # the last triple held its interval
 
 
 def test_sender_rounds_merge_onto_one_clock():
