@@ -37,7 +37,7 @@ def test_time_to_90_counts_from_the_change_and_needs_the_level_held():
     assert change_metrics(rows, [4.0], [40 * MB, 40 * MB]) == [1.0, 5.0]
 
 
-def test_grid_samples_skip_transients_and_the_minimal_triple_keeps_97_percent():
+def test_grid_samples_skip_transients_and_the_minimal_triple_keeps_95_percent():
     rows = (_rows([90, 50, 50, 50], threads=(1, 1, 1)) + _rows([5, 80, 80], threads=(1, 4, 1))
             + _rows([99, 80, 80], threads=(1, 4, 1), rnd=1))
     s = triple_throughputs(rows, skip=1)
@@ -45,6 +45,9 @@ def test_grid_samples_skip_transients_and_the_minimal_triple_keeps_97_percent():
     table = {(1, 1, 8): 30.0, (1, 2, 8): 60.0, (1, 3, 8): 79.0, (1, 4, 8): 80.0, (1, 8, 8): 80.5,
              (2, 8, 8): 80.0, (1, 8, 1): 80.0, (1, 8, 4): 80.0}
     assert minimal_triple((1, 8, 8), table) == (1, 3, 1)
+    # one lucky interval at 32 connections (a burst above the link) does not raise the bar
+    spiky = {(1, n, 1): v for n, v in ((1, 12.0), (2, 24.0), (4, 38.5), (8, 38.7), (16, 39.0), (32, 43.9))}
+    assert minimal_triple((1, 16, 1), spiky)[1] == 4
 
 
 def test_changing_scenarios_phase_rates_and_the_oracles():
