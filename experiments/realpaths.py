@@ -307,6 +307,7 @@ class PathSession:
         self.dataset: Optional[Dataset] = None
         self._n = 0
         self.events: List[Dict[str, Any]] = []
+        self._senders: List[subprocess.Popen] = []
 
     # -------------------------------------------------------------- set-up / tear-down
     def __enter__(self) -> "PathSession":
@@ -365,6 +366,9 @@ class PathSession:
             return ""
 
     def close(self) -> None:
+        for p in self._senders:  # senders still running (the experiment was interrupted): by PID
+            _stop(p, 15.0)
+        self._senders.clear()
         _stop(self.receiver)
         self.receiver = None
         if getattr(self, "_rlog", None) is not None:
@@ -435,6 +439,7 @@ class PathSession:
             p = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             logf.close()
+        self._senders = [x for x in self._senders if x.poll() is None] + [p]
         return _Pending(self, label, p, out_path, cfg, time.monotonic(), self.receiver_cpu_s(), sub)
 
     def run(self, label: str, policy: str, policy_kwargs: Optional[Dict[str, Any]] = None, **kw: Any) -> TransferRun:
@@ -460,6 +465,9 @@ class _Pending:
             self.proc.wait(float(self.cfg["max_duration_s"]) + extra_s)
         except subprocess.TimeoutExpired:
             _stop(self.proc, 15.0)
+        except BaseException:  # interrupted: the sender (and its forwarders) go too
+            _stop(self.proc, 15.0)
+            raise
         wall = time.monotonic() - self.t0
         rcpu = self.session.receiver_cpu_s() - self.rcpu0
         shutil.rmtree(os.path.join(self.session.recv_root, self.subdir), ignore_errors=True)
