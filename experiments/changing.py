@@ -306,7 +306,7 @@ def run_changing(st: Any) -> Any:
 
         cfg, results = load_run_dir(st.from_dir)
         rd = RunDir(st.out, "changing")
-        rd.write_config(cfg | {"from": os.path.abspath(st.from_dir)})
+        rd.write_config(cfg | {"from": os.path.abspath(st.from_dir), "original_git": cfg.get("git")})
         names = list(cfg["scenarios"])
         summary = write_changing_results(st, rd, names, cfg["policies"], cfg["scenarios"], cfg.get("skipped", {}),
                                          results)

@@ -328,7 +328,7 @@ def run_real(st: Any) -> Any:
 
         cfg, results = load_run_dir(st.from_dir)
         rd = RunDir(st.out, "real")
-        rd.write_config(cfg | {"from": os.path.abspath(st.from_dir)})
+        rd.write_config(cfg | {"from": os.path.abspath(st.from_dir), "original_git": cfg.get("git")})
         s2r_path = os.path.join(st.from_dir, "sim_to_real.csv")
         s2r = read_csv(s2r_path) if os.path.exists(s2r_path) else []
         names = [n for n in cfg["scenarios"]]
@@ -427,8 +427,17 @@ def run_real(st: Any) -> Any:
 
 
 def report_head(title: str, intro: str, st: Any, rd: RunDir, skipped: Dict[str, str], what: str) -> List[str]:
-    """The first lines of a ``results.md``: title, what ran, run directory, git, options, what was skipped."""
-    g = git_info()
+    """The first lines of a ``results.md``: title, what ran, run directory, git (the commit the run
+    started from, as ``config.json`` recorded it; ``--from`` runs: the original run's), options,
+    what was skipped."""
+    import json
+
+    try:
+        with open(rd.file("config.json")) as f:
+            cfg = json.load(f)
+        g = (cfg.get("from_config") or {}).get("git") or cfg.get("original_git") or cfg.get("git") or git_info()
+    except (OSError, ValueError):
+        g = git_info()
     lines = [f"# {title}", "", intro, "",
              f"- run directory `{rd.path}`; seed {st.seed}; git `{(g.get('commit') or '?')[:12]}`"
              + (" (working tree modified)" if g.get("dirty") else ""),
