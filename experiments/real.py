@@ -12,7 +12,7 @@ For each path of :mod:`automdt.experiments.realpaths` (``net-rtt20``, ``net-rtt8
    lucky interval does not set the bar), verified against the best grid triple; the
    oracle is that minimal triple (or the best triple if the minimal one falls more than 5% short),
    recorded with its throughput;
-2. **ppo-own**: ``automdt explore`` on the path (random triples, ``--own-explore`` seconds), the
+2. **ppo-own**: ``automdt explore`` on the path (random triples, ``--real-explore`` seconds, 60), the
    profile fitted from its samples (USL contention included where the samples show it), a policy
    trained on it (``--own-train``, ``--own-target``);
 3. every policy (``ppo`` shipped, ``ppo-own``, ``marlin``, ``falcon``, ``globus``, ``heuristic``,
@@ -237,7 +237,7 @@ def explore_and_train(ps: PathSession, st: Any, rd: RunDir, name: str, changes: 
     os.makedirs(rd.file("policies"), exist_ok=True)
     prof_path = rd.file(f"profiles/{name}-explored.yaml")
     info: Dict[str, Any] = {}
-    seconds = min(st.own_explore_s, 10.0) if st.quick else st.own_explore_s
+    seconds = min(st.real_explore_s, 10.0) if st.quick else st.real_explore_s
     r = ps.run("explore", "explore", mode="explore", duration_s=seconds, rounds=True,
                profile_out=prof_path, schedule=schedule)
     if r.error or not os.path.exists(prof_path):

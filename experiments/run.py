@@ -81,6 +81,7 @@ class Settings:
     own_target: float = 0.98
     drop_caches: str = "file"
     throttle: Optional[str] = None
+    real_explore_s: float = 60.0
     log: Callable[[str], None] = field(default=lambda s: print(s, flush=True), repr=False)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -811,6 +812,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--own-target", type=float, default=0.98,
                    help="ppo-own: stop training at this fraction of the fitted profile's oracle (default 0.98; "
                    "`automdt train` stops at 0.95, where a few surplus threads still cost little)")
+    p.add_argument("--real-explore", type=float, default=60.0,
+                   help="real, changing: seconds of `automdt explore` on each path (for ppo-own and the "
+                   "sim-to-real report; default 60: a real path's connections and disks need longer than the "
+                   "throttled scenarios' 20)")
     p.add_argument("--drop-caches", choices=["file", "all"], default="file",
                    help="real: how the disk path evicts its dataset before every copy: file (posix_fadvise "
                    "DONTNEED on each file, the default: nothing else on the machine is affected) or all "
@@ -826,7 +831,8 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
                     duration_s=a.duration, rate_bps=a.rate, memory=a.memory, chunk_size=a.chunk_size,
                     interval_s=a.interval, max_threads=a.max_threads, data_dir=a.data_dir, keep_data=a.keep_data,
                     from_dir=a.from_dir, own_explore_s=a.own_explore, own_train_s=a.own_train,
-                    own_target=a.own_target, drop_caches=a.drop_caches, throttle=a.throttle)
+                    own_target=a.own_target, drop_caches=a.drop_caches, throttle=a.throttle,
+                    real_explore_s=a.real_explore)
 
 
 RUNNERS: Dict[str, Callable[[Settings], Experiment]] = {
