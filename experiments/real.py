@@ -7,7 +7,8 @@ For each path of :mod:`automdt.experiments.realpaths` (``net-rtt20``, ``net-rtt8
    transfer that holds each triple for a few intervals (:class:`~automdt.experiments.policies.GridPolicy`):
    a 3-D grid (each stage at 1, 4 and 16 threads; each triple held 4 intervals, the first 2 not
    measured), then a line search of each stage from the best grid triple (1, 2, 3, 4, 6, 8, 11,
-   16, 23, 32 threads, the others held), then the fewest threads
+   16, 23, 32 threads, the others held; then every count between a stage's first good ladder
+   point and the one below it), then the fewest threads
    per stage that keep 95% of that stage's best (the median of its three best points, so one
    lucky interval does not set the bar), verified against the best grid triple; the
    oracle is that minimal triple (or the best triple if the minimal one falls more than 5% short),
@@ -191,6 +192,23 @@ def grid_search(ps: PathSession, st: Any, quick: bool, hold: Optional[int] = Non
     for t, v in line_samples.items():
         samples.setdefault(t, []).extend(v)
     line_means = {t: float(np.mean(v)) for t, v in line_samples.items() if v}
+    # refine: between a stage's minimal ladder count and the ladder point below it, every count
+    # (at most 6), so that the oracle's count is not the ladder's coarseness (11 -> 16)
+    rough = minimal_triple(best0, line_means)
+    fine: List[Tuple[int, int, int]] = []
+    for j in range(3 if not quick else 0):
+        below = [v for v in ladder if v < rough[j]]
+        if below and rough[j] - max(below) > 1:
+            gap = list(range(max(below) + 1, rough[j]))
+            for v in sorted(set(gap[int(round(i * (len(gap) - 1) / 5))] for i in range(6)) if len(gap) > 6 else gap):
+                t = list(best0)
+                t[j] = v
+                fine.append(tuple(t))  # type: ignore[arg-type]
+    if fine:
+        for t, v in run("grid-refine", fine, hold).items():
+            samples.setdefault(t, []).extend(v)
+            line_samples.setdefault(t, []).extend(v)
+        line_means = {t: float(np.mean(v)) for t, v in line_samples.items() if v}
     means = {t: float(np.mean(v)) for t, v in samples.items() if v}
     top = robust_top(list(means.values()))
     # "best": the fewest threads within 5% of the robust top (a triple no other beats clearly)
