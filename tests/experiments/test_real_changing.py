@@ -191,3 +191,34 @@ def test_sender_rounds_merge_onto_one_clock():
     m = _merge(rounds)
     assert [h["t"] for h in m["history"]] == [1.0, 2.0, 4.5] and [h["round"] for h in m["history"]] == [0, 0, 1]
     assert m["summary"]["bytes"] == 15 and m["summary"]["rounds"] == 2 and m["summary"]["exit_code"] == 10
+
+
+def test_grid_search_finds_the_minimal_triple_of_a_known_path():
+    """The grid logic (coarse grid, line search, refinement, verification) on a fake path whose
+    delivered rate is min(40, 3 x connections) MB/s, read and write free: the oracle needs 13
+    connections for 39 of 40 MB/s (95% is the bar) and one read and one write thread."""
+    from types import SimpleNamespace
+
+    from automdt.experiments.real import grid_search
+    from automdt.experiments.realpaths import TransferRun
+
+    class FakePath:
+        sc = SimpleNamespace(max_threads=32)
+        interval_s = 1.0
+        calls = []
+
+        def run(self, label, policy, kw, **_):
+            self.calls.append(label)
+            rows = []
+            for t in kw["triples"]:
+                for _ in range(kw["hold"]):
+                    rows.append({"t": len(rows) + 1.0, "threads_read": t[0], "threads_net": t[1],
+                                 "threads_write": t[2], "tput_write": min(40.0, 3.0 * t[1]) * MB, "round": 0})
+            return TransferRun(label, rows, {}, 1.0, 0.0, 0.0, 0.0, 0.0, None, {})
+
+    st = SimpleNamespace(log=lambda s: None)
+    fake = FakePath()
+    g = grid_search(fake, st, quick=False)
+    assert fake.calls == ["grid-coarse", "grid-lines", "grid-refine", "grid-verify"]
+    assert g["triple"] == [1, 13, 1], g["triple"]
+    assert g["throughput_bps"] == pytest.approx(39 * MB)
