@@ -272,6 +272,7 @@ def _merge(rounds: List[Dict[str, Any]]) -> Dict[str, Any]:
     for key in ("bytes", "files_transferred", "files_failed", "chunks_resent"):
         s0[key] = sum(int(r["summary"].get(key) or 0) for r in rounds)
     s0["rounds"] = len(rounds)
+    s0["seconds_active"] = round(sum(float(r["summary"].get("seconds") or 0.0) for r in rounds), 3)
     return {"wall_t0": w0, "summary": s0, "history": hist,
             "rounds": [{"wall_t0": r["wall_t0"], "summary": r["summary"]} for r in rounds]}
 
