@@ -100,7 +100,7 @@ def test_netlink_rate_changes_at_runtime_and_the_namespaces_go_away():
         assert "rate 160Mbit" in link.qdisc()
         names = (link.snd, link.rcv)
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert not any(n in listed for n in names)
+    assert not any(n in listed.split() for n in names)
 
 
 # ------------------------------------------------------------------------------- end to end
@@ -164,7 +164,7 @@ def test_real_quick_net_path_finds_an_oracle_that_needs_several_connections(tmp_
     md = open(os.path.join(d, "results.md")).read()
     assert "Empirical oracle" in md and "Sim-to-real" in md and "The issue's checks" in md
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert not any(ns in listed for ns in cfg["scenarios"]["net-rtt20"]["path"]["link"]["namespaces"])
+    assert not any(ns in listed.split() for ns in cfg["scenarios"]["net-rtt20"]["path"]["link"]["namespaces"])
 
 
 def test_yardstick_policies_hold_switch_and_continue():
