@@ -2,15 +2,40 @@
 
 Importing this package never imports torch, stable-baselines3 or gymnasium, and neither does
 ``automdt.agents.ppo`` (numpy inference; loaded lazily by :func:`make_policy` for ``ppo`` specs).
-Only ``automdt.agents.ppo_sb3`` and ``automdt.agents.training`` use torch and SB3.
+Only ``automdt.agents.ppo_sb3`` and ``automdt.agents.training`` use torch and SB3. The names
+below load lazily (PEP 562), so ``automdt.agents.base`` (what the controller needs) costs nothing.
 """
-from automdt.agents.base import Policy, clamp_triple
-from automdt.agents.falcon import FalconPolicy
-from automdt.agents.heuristic import HeuristicPolicy
-from automdt.agents.marlin import MarlinPolicy
-from automdt.agents.model_based import ModelBasedPolicy
-from automdt.agents.registry import available_policies, make_policy, register_policy
-from automdt.agents.static import StaticPolicy, globus_policy
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "Policy": "base",
+    "clamp_triple": "base",
+    "FalconPolicy": "falcon",
+    "HeuristicPolicy": "heuristic",
+    "MarlinPolicy": "marlin",
+    "ModelBasedPolicy": "model_based",
+    "available_policies": "registry",
+    "make_policy": "registry",
+    "register_policy": "registry",
+    "StaticPolicy": "static",
+    "globus_policy": "static",
+}
 
 __all__ = ["Policy", "clamp_triple", "make_policy", "available_policies", "register_policy", "StaticPolicy",
            "globus_policy", "MarlinPolicy", "FalconPolicy", "HeuristicPolicy", "ModelBasedPolicy"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -9,7 +9,10 @@ default policy is ``automdt/data/default_policy.zip``; ``load_policy("ppo")`` (o
 Inference is numpy only. This module imports neither torch, stable-baselines3 nor gymnasium:
 :class:`PPOPolicy` runs the actor network (a few matrix products, :class:`ActorMLP`) on the
 weights exported at training time, behind the same numpy input pipeline the training
-environments use (:mod:`automdt.simulator.pipeline`). The torch side (rebuilding the SB3
+environments use (:mod:`automdt.simulator.pipeline`). Loading checks everything (the files, the
+metadata against :mod:`automdt.simulator.contract`, the arrays' names, dtypes and shapes from
+their ``.npy`` headers) with the standard library; numpy itself is imported when the policy first
+acts, so a transfer that ends within its first control interval never pays for it. The torch side (rebuilding the SB3
 network, exporting its weights) is :mod:`automdt.agents.ppo_sb3`; ``train``, ``simulate``,
 experiments and notebooks use it, ``transfer``/``receive``/``explore``/``verify`` never do.
 
@@ -23,34 +26,32 @@ would change the transfer's behaviour anyway.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib
 import io
 import json
 import os
 import stat
+import struct
 import zipfile
 from importlib import resources
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
-
-import numpy as np
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from automdt.agents.base import clamp_triple
-from automdt.simulator.dynamics import actions_to_threads
-from automdt.simulator.pipeline import (  # noqa: F401  (re-exported: their old home)
-    DEBIAS,
-    FEATURES,
-    NOISE_PRIOR,
-    NOISE_SCALE,
-    SPARE_CAP,
-    FeatureState,
-    ObservationEncoder,
-    PolicyInput,
-    add_features,
-    feature_dim,
-    space_descriptions,
-)
+from automdt.simulator.contract import FEATURES, OBS_DIM, feature_dim, space_descriptions  # noqa: F401
 from automdt.simulator.types import Observation, Triple
+
+_PIPELINE_NAMES = ("DEBIAS", "NOISE_PRIOR", "NOISE_SCALE", "SPARE_CAP", "FeatureState", "ObservationEncoder",
+                   "PolicyInput", "add_features")
+
+
+def __getattr__(name: str) -> Any:
+    """The pipeline's names, re-exported from their old home without importing numpy up front."""
+    if name in _PIPELINE_NAMES:
+        return getattr(importlib.import_module("automdt.simulator.pipeline"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "PPOPolicy",
@@ -82,12 +83,17 @@ float32). :func:`automdt.agents.ppo_sb3.add_numpy_weights` adds it to an older f
 ACTIVATIONS = ("Tanh", "ReLU", "ELU", "LeakyReLU")
 """Activation functions a policy file may name (by torch class name; nothing else is accepted)."""
 
-_NP_ACT = {
-    "Tanh": np.tanh,
-    "ReLU": lambda x: np.maximum(x, np.float32(0.0)),
-    "ELU": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))).astype(np.float32),
-    "LeakyReLU": lambda x: np.where(x > 0, x, np.float32(0.01) * x).astype(np.float32),
-}
+
+
+def _np_activation(name: str) -> Callable[[Any], Any]:
+    import numpy as np
+
+    return {
+        "Tanh": np.tanh,
+        "ReLU": lambda x: np.maximum(x, np.float32(0.0)),
+        "ELU": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))).astype(np.float32),
+        "LeakyReLU": lambda x: np.where(x > 0, x, np.float32(0.01) * x).astype(np.float32),
+    }[name]
 
 _HIDDEN = "mlp_extractor.policy_net."
 _ACTION = "action_net."
@@ -225,6 +231,78 @@ def hidden_sizes(path: Union[str, os.PathLike], policy_kwargs: Any) -> Tuple[Lis
     return list(arch), str(act)
 
 
+def actor_layout(shapes: Mapping[str, Tuple[int, ...]], nvec: Sequence[int],
+                 in_dim: Optional[int] = None) -> Tuple[List[Tuple[str, str]], int, List[int]]:
+    """Check that arrays of these shapes form an actor (hidden ``Linear`` layers, then an action
+    layer with ``sum(nvec)`` outputs, taking ``in_dim`` inputs); numpy is not needed.
+
+    :return: the (weight, bias) names in order (the action layer last), the input width and the
+        hidden layer sizes.
+    :raises ValueError: naming what does not fit.
+    """
+    layers: Dict[int, Dict[str, Tuple[int, ...]]] = {}
+    head: Dict[str, Tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        if name.startswith(_HIDDEN):
+            idx, _, kind = name[len(_HIDDEN):].partition(".")
+            if not idx.isdigit() or kind not in ("weight", "bias"):
+                raise ValueError(f"unexpected array {name}")
+            layers.setdefault(int(idx), {})[kind] = tuple(shape)
+        elif name in (_ACTION + "weight", _ACTION + "bias"):
+            head[name[len(_ACTION):]] = tuple(shape)
+        else:
+            raise ValueError(f"unexpected array {name}")
+    order: List[Tuple[str, str]] = []
+    hidden: List[int] = []
+    width = in_dim
+    blocks = [(f"hidden layer {i}", f"{_HIDDEN}{i}.", layers[i]) for i in sorted(layers)]
+    blocks.append(("action layer", _ACTION, head))
+    for what, prefix, layer in blocks:
+        w, b = layer.get("weight"), layer.get("bias")
+        if w is None or b is None or len(w) != 2 or len(b) != 1 or w[0] != b[0]:
+            raise ValueError(f"{what}: weight and bias do not form a linear layer")
+        if width is not None and w[1] != width:
+            raise ValueError(f"{what}: takes {w[1]} inputs, gets {width}")
+        if in_dim is None and not order:
+            in_dim = w[1]
+        order.append((prefix + "weight", prefix + "bias"))
+        hidden.append(w[0])
+        width = w[0]
+    if hidden[-1] != sum(nvec):
+        raise ValueError(f"action layer has {hidden[-1]} outputs, the action space {sum(nvec)}")
+    assert in_dim is not None
+    return order, int(in_dim), hidden[:-1]
+
+
+def npz_headers(raw: bytes) -> Dict[str, Tuple[str, bool, Tuple[int, ...]]]:
+    """``{array name: (dtype descr, fortran_order, shape)}`` of an ``.npz`` archive, read from the
+    ``.npy`` headers (NumPy's documented format: magic, version, a header length, a dict literal)
+    with the standard library. Raises ``ValueError`` for anything else."""
+    out = {}
+    with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+        for name in zf.namelist():
+            if not name.endswith(".npy"):
+                raise ValueError(f"unexpected member {name}")
+            with zf.open(name) as f:
+                head = f.read(12)
+                if len(head) < 10 or head[:6] != b"\x93NUMPY" or head[6] not in (1, 2, 3):
+                    raise ValueError(f"{name} is not a .npy array")
+                if head[6] == 1:
+                    (hlen,), start = struct.unpack("<H", head[8:10]), 10
+                else:
+                    (hlen,), start = struct.unpack("<I", head[8:12]), 12
+                text = (head[start:] + f.read(hlen - (len(head) - start))).decode("latin1" if head[6] < 3 else "utf8")
+            try:
+                d = ast.literal_eval(text.strip())
+            except (ValueError, SyntaxError):
+                raise ValueError(f"{name}: unreadable .npy header") from None
+            if (not isinstance(d, dict) or not isinstance(d.get("descr"), str) or not isinstance(d.get("shape"), tuple)
+                    or not all(isinstance(n, int) and n >= 0 for n in d["shape"])):
+                raise ValueError(f"{name}: unreadable .npy header")
+            out[name[:-4]] = (d["descr"], bool(d.get("fortran_order")), d["shape"])
+    return out
+
+
 class ActorMLP:
     """The actor of an SB3 ``ActorCriticPolicy`` in numpy: hidden ``Linear`` + activation layers,
     then the action logits (one block of ``nvec[i]`` logits per sub-action).
@@ -240,80 +318,59 @@ class ActorMLP:
     :raises ValueError: if the arrays do not form that network.
     """
 
-    def __init__(self, arrays: Mapping[str, np.ndarray], activation: str, nvec: Sequence[int],
+    def __init__(self, arrays: Mapping[str, Any], activation: str, nvec: Sequence[int],
                  in_dim: Optional[int] = None) -> None:
-        if activation not in _NP_ACT:
+        import numpy as np
+
+        if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}")
         self.activation = activation
-        self._act = _NP_ACT[activation]
+        self._act = _np_activation(activation)
         self.nvec = [int(n) for n in nvec]
         self._split = np.cumsum(self.nvec)[:-1]
-        layers: Dict[int, Dict[str, np.ndarray]] = {}
-        head: Dict[str, np.ndarray] = {}
-        for name, arr in arrays.items():
-            a = np.asarray(arr)
+        arrs = {name: np.asarray(a) for name, a in arrays.items()}
+        for name, a in arrs.items():
             if a.dtype != np.float32 or not np.all(np.isfinite(a)):
                 raise ValueError(f"array {name} is not finite float32")
-            if name.startswith(_HIDDEN):
-                idx, _, kind = name[len(_HIDDEN):].partition(".")
-                if not idx.isdigit() or kind not in ("weight", "bias"):
-                    raise ValueError(f"unexpected array {name}")
-                layers.setdefault(int(idx), {})[kind] = a
-            elif name in (_ACTION + "weight", _ACTION + "bias"):
-                head[name[len(_ACTION):]] = a
-            else:
-                raise ValueError(f"unexpected array {name}")
-        self.layers: List[Tuple[np.ndarray, np.ndarray]] = []
-        width = in_dim
-        for idx in sorted(layers):
-            w, b = layers[idx].get("weight"), layers[idx].get("bias")
-            self.layers.append(self._linear(w, b, width, f"hidden layer {idx}"))
-            width = self.layers[-1][0].shape[1]
-        if "weight" not in head or "bias" not in head:
-            raise ValueError("no action_net weights")
-        self.head = self._linear(head["weight"], head["bias"], width, "action layer")
-        if self.head[0].shape[1] != sum(self.nvec):
-            raise ValueError(f"action layer has {self.head[0].shape[1]} outputs, the action space {sum(self.nvec)}")
-        self.in_dim = self.layers[0][0].shape[0] if self.layers else self.head[0].shape[0]
-
-    @staticmethod
-    def _linear(w: Optional[np.ndarray], b: Optional[np.ndarray], width: Optional[int],
-                what: str) -> Tuple[np.ndarray, np.ndarray]:
-        if w is None or b is None or w.ndim != 2 or b.ndim != 1 or w.shape[0] != b.shape[0]:
-            raise ValueError(f"{what}: weight and bias do not form a linear layer")
-        if width is not None and w.shape[1] != width:
-            raise ValueError(f"{what}: takes {w.shape[1]} inputs, gets {width}")
-        return np.ascontiguousarray(w.T), b  # stored (in, out): x @ W + b
-
-    @property
-    def hidden_sizes(self) -> List[int]:
-        return [w.shape[1] for w, _ in self.layers]
+        order, self.in_dim, self.hidden_sizes = actor_layout({k: a.shape for k, a in arrs.items()}, self.nvec, in_dim)
+        # stored (in, out): x @ W + b
+        self.layers = [(np.ascontiguousarray(arrs[w].T), arrs[b]) for w, b in order[:-1]]
+        w, b = order[-1]
+        self.head = (np.ascontiguousarray(arrs[w].T), arrs[b])
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any], activation: str, nvec: Sequence[int]) -> "ActorMLP":
         """From a torch state dict (tensors are converted with ``.detach().cpu().numpy()``; the
         value network's entries are ignored)."""
+        import numpy as np
+
         arrays = {}
         for k, v in state.items():
             if k.startswith(_HIDDEN) or k.startswith(_ACTION):
                 arrays[k] = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v, dtype=np.float32)
         return cls(arrays, activation, nvec)
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
+    def logits(self, x: Any) -> Any:
         """Action logits, shape ``(N, sum(nvec))``, for inputs ``(N, in_dim)`` (or one row)."""
+        import numpy as np
+
         h = np.asarray(x, dtype=np.float32).reshape(-1, self.in_dim)
         for w, b in self.layers:
             h = self._act(h @ w + b)
         w, b = self.head
         return h @ w + b
 
-    def mode(self, x: np.ndarray) -> np.ndarray:
+    def mode(self, x: Any) -> Any:
         """The most likely action, shape ``(N, len(nvec))`` int64."""
+        import numpy as np
+
         parts = np.split(self.logits(x), self._split, axis=1)
         return np.stack([p.argmax(axis=1) for p in parts], axis=1).astype(np.int64)
 
-    def sample(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def sample(self, x: Any, rng: Any) -> Any:
         """An action drawn from the per-sub-action categorical distributions, ``(N, len(nvec))``."""
+        import numpy as np
+
         out = []
         for p in np.split(self.logits(x).astype(np.float64), self._split, axis=1):
             e = np.exp(p - p.max(axis=1, keepdims=True))
@@ -323,7 +380,9 @@ class ActorMLP:
         return np.stack(out, axis=1).astype(np.int64)
 
 
-def _read_actor(p: Path, meta: Dict[str, Any]) -> ActorMLP:
+def _read_actor(p: Path, meta: Dict[str, Any]) -> Callable[[], ActorMLP]:
+    """Check the zip's numpy weights (names, dtypes, shapes against the metadata) without numpy;
+    return a function that loads them (``numpy.load(allow_pickle=False)``) when first needed."""
     arch, activation = hidden_sizes(p, meta.get("policy_kwargs"))
     nvec = meta["action_space"]["nvec"]
     try:
@@ -332,21 +391,32 @@ def _read_actor(p: Path, meta: Dict[str, Any]) -> ActorMLP:
                 raise _not_a_policy(p, f"zip has no {WEIGHTS_ENTRY} (the numpy weights; a file from an older "
                                        f"automdt?): add them with `python -m automdt.agents.ppo_sb3 {p}`")
             raw = zf.read(WEIGHTS_ENTRY)
-        with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        headers = npz_headers(raw)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error) as e:
         if isinstance(e, ValueError) and str(e).startswith(str(p)):
             raise
         raise _not_a_policy(p, f"unreadable weights: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     in_dim = meta["observation_space"]["shape"][0]
     try:
-        actor = ActorMLP(arrays, activation, nvec, in_dim=in_dim)
+        bad = [k for k, (descr, fortran, _) in headers.items() if descr != "<f4" or fortran]
+        if bad:
+            raise ValueError(f"array {bad[0]} is not float32")
+        _, _, hidden = actor_layout({k: shape for k, (_, _, shape) in headers.items()}, nvec, in_dim)
     except ValueError as e:
         raise _not_a_policy(p, f"weights do not fit the recorded network: {e}") from None
-    if actor.hidden_sizes != arch:
-        raise _not_a_policy(p, f"weights do not fit the recorded network: hidden layers {actor.hidden_sizes}, "
-                               f"net_arch {arch}")
-    return actor
+    if hidden != arch:
+        raise _not_a_policy(p, f"weights do not fit the recorded network: hidden layers {hidden}, net_arch {arch}")
+
+    def load() -> ActorMLP:
+        import numpy as np
+
+        try:
+            with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
+                return ActorMLP({k: npz[k] for k in npz.files}, activation, nvec, in_dim=in_dim)
+        except ValueError as e:
+            raise _not_a_policy(p, f"weights do not fit the recorded network: {e}") from None
+
+    return load
 
 
 def _start_from_metadata(meta: Dict[str, Any]) -> Tuple[Triple, str]:
@@ -386,8 +456,9 @@ class PPOPolicy:
     ``max_threads``), so a count means to the network what it meant in training; the bound
     given to :meth:`reset` (e.g. the receiver's ``--max-threads``) only clamps the output.
 
-    :param actor: an :class:`ActorMLP`, or an SB3 ``ActorCriticPolicy`` (its actor weights are
-        copied into numpy now; it stays available as :attr:`network`).
+    :param actor: an :class:`ActorMLP`, a function returning one (loaded on first use), or an SB3
+        ``ActorCriticPolicy`` (its actor weights are copied into numpy now; it stays available as
+        :attr:`network`).
     :param deterministic: take the mode of the action distribution (the default) instead of
         sampling from it.
     :param start_threads: thread counts :meth:`reset` returns (clamped); default: what the
@@ -410,14 +481,19 @@ class PPOPolicy:
     ) -> None:
         self.metadata = dict(metadata or {})
         self._network = None
-        if not isinstance(actor, ActorMLP):  # an SB3 network
+        self._actor: Optional[ActorMLP] = None
+        self._load_actor: Optional[Callable[[], ActorMLP]] = None
+        if isinstance(actor, ActorMLP):
+            self._actor = actor
+        elif hasattr(actor, "state_dict"):  # an SB3 network
             self._network = actor
             act = self.metadata.get("policy_kwargs", {}).get("activation_fn")
             if act is None:
                 act = type(getattr(actor, "activation_fn", None) or object).__name__
-            nvec = [int(n) for n in np.asarray(actor.action_space.nvec).ravel()]
-            actor = ActorMLP.from_state_dict(actor.state_dict(), act, nvec)
-        self.actor: ActorMLP = actor
+            nvec = [int(n) for n in list(getattr(actor.action_space, "nvec", []))]
+            self._actor = ActorMLP.from_state_dict(actor.state_dict(), act, nvec)
+        else:
+            self._load_actor = actor
         self.deterministic = deterministic
         self.path = path
         self.name = label or "ppo"
@@ -430,11 +506,21 @@ class PPOPolicy:
         self.max_threads = self.train_max_threads
         self.frame_stack = int(self.metadata.get("frame_stack", 1))
         self.features = tuple(self.metadata.get("features", ()))
-        self._encoder = ObservationEncoder(self.train_max_threads)
-        self._input = PolicyInput(1, self.train_max_threads, self.features, self.frame_stack)
-        if self._input.dim != self.actor.in_dim:
-            raise ValueError(f"the actor takes {self.actor.in_dim} inputs, the pipeline gives {self._input.dim}")
-        self._rng: Optional[np.random.Generator] = None
+        self.input_dim = (OBS_DIM + feature_dim(self.features)) * self.frame_stack
+        if self._actor is not None and self._actor.in_dim != self.input_dim:
+            raise ValueError(f"the actor takes {self._actor.in_dim} inputs, the pipeline gives {self.input_dim}")
+        self._encoder: Any = None  # the pipeline's objects: made on the first act (numpy)
+        self._input: Any = None
+        self._rng: Any = None
+        self._seed: Optional[int] = None
+
+    @property
+    def actor(self) -> ActorMLP:
+        """The numpy actor (loaded from the policy file on first use)."""
+        if self._actor is None:
+            assert self._load_actor is not None
+            self._actor = self._load_actor()
+        return self._actor
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike], *, deterministic: bool = True,
@@ -477,30 +563,39 @@ class PPOPolicy:
         if int(max_threads) < 1:
             raise ValueError(f"max_threads must be >= 1, got {max_threads}")
         self.max_threads = int(max_threads)
-        self._encoder.reset()
-        self._input = PolicyInput(1, self.train_max_threads, self.features, self.frame_stack)
-        self._rng = np.random.default_rng(seed)
+        self._encoder = self._input = None  # a fresh pipeline on the first act
+        self._seed = seed
+        self._rng = None  # made on first use: numpy.random is not imported for deterministic policies
         return clamp_triple(self.start_threads, self.max_threads)
 
-    def network_input(self, obs: Observation) -> np.ndarray:
+    def network_input(self, obs: Observation) -> Any:
         """Feed one interval through the input pipeline; returns the network input (1, dim)."""
+        if self._input is None:
+            from automdt.simulator.pipeline import ObservationEncoder, PolicyInput
+
+            self._encoder = ObservationEncoder(self.train_max_threads)
+            self._input = PolicyInput(1, self.train_max_threads, self.features, self.frame_stack)
         x, _ = self._input.step(self._encoder.encode(obs))
         return x
 
     def act(self, obs: Observation) -> Triple:
         """Return the thread counts for the next interval."""
+        import numpy as np
+
+        from automdt.simulator.dynamics import actions_to_threads
+
         x = self.network_input(obs)
         if self.deterministic:
             action = self.actor.mode(x)
         else:
             if self._rng is None:
-                self._rng = np.random.default_rng()
+                self._rng = np.random.default_rng(self._seed)
             action = self.actor.sample(x, self._rng)
         new = actions_to_threads(action.reshape(1, -1), np.asarray(obs.threads, dtype=np.int64).reshape(1, 3),
                                  self.max_threads)[0]
         return clamp_triple(new, self.max_threads)
 
-    def _mode(self, x: np.ndarray) -> np.ndarray:
+    def _mode(self, x: Any) -> Any:
         """The most likely action for one network input (as SB3 ``predict(deterministic=True)``)."""
         return self.actor.mode(x)[0]
 

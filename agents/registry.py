@@ -19,22 +19,22 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, List
 
+from typing import Union
+
 from automdt.agents.base import Policy
-from automdt.agents.falcon import FalconPolicy
-from automdt.agents.heuristic import HeuristicPolicy
-from automdt.agents.marlin import MarlinPolicy
-from automdt.agents.model_based import ModelBasedPolicy
 from automdt.agents.static import StaticPolicy, globus_policy, parse_static
 
 PolicyFactory = Callable[..., Policy]
 """``factory(max_threads=..., **kw) -> Policy``."""
 
-_FACTORIES: Dict[str, PolicyFactory] = {
+# The baselines are imported when asked for ("module:name"), so that building one policy (e.g.
+# the shipped PPO one, on the transfer path) does not import them all (and numpy with them).
+_FACTORIES: Dict[str, Union[PolicyFactory, str]] = {
     "globus": globus_policy,
-    "marlin": MarlinPolicy,
-    "falcon": FalconPolicy,
-    "heuristic": HeuristicPolicy,
-    "model": ModelBasedPolicy,
+    "marlin": "automdt.agents.marlin:MarlinPolicy",
+    "falcon": "automdt.agents.falcon:FalconPolicy",
+    "heuristic": "automdt.agents.heuristic:HeuristicPolicy",
+    "model": "automdt.agents.model_based:ModelBasedPolicy",
 }
 _ALIASES: Dict[str, str] = {"arslan": "heuristic", "jung": "model", "model-based": "model", "model_based": "model"}
 
@@ -111,7 +111,11 @@ def make_policy(spec: str, max_threads: int, **kw: Any) -> Policy:
         return parse_static(raw, max_threads=max_threads)
     key = _ALIASES.get(key, key)
     if key in _FACTORIES:
-        return _FACTORIES[key](max_threads=max_threads, **kw)
+        factory = _FACTORIES[key]
+        if isinstance(factory, str):
+            module, _, attr = factory.partition(":")
+            factory = _FACTORIES[key] = getattr(importlib.import_module(module), attr)
+        return factory(max_threads=max_threads, **kw)
     if key == "ppo":
         return _load_ppo("ppo", **kw)
     if key.startswith("ppo:"):

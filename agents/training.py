@@ -288,6 +288,9 @@ def train(
     init_from: Optional[Union[str, os.PathLike]] = None,
     select_from: float = 0.0,
     changes: Any = None,
+    tensorboard_log: Optional[Union[str, os.PathLike]] = None,
+    eval_hook: Optional[Any] = None,
+    cold_start: bool = True,
 ) -> TrainReport:
     """Train a PPO policy in the simulator and write it with its metadata and learning curve.
 
@@ -328,6 +331,14 @@ def train(
         profile changes at random steps (a moving bottleneck, a link that halves), so the policy
         has seen a path change under it; None: every episode keeps its profile. Evaluation
         episodes never change (the oracle is defined for one profile).
+    :param tensorboard_log: write SB3's TensorBoard logs (``train/*``, ``time/*``) to a new
+        ``PPO_<n>`` run directory under this folder, plus every evaluation as
+        ``eval/fraction_of_oracle``, ``eval/min_fraction_of_oracle`` and ``eval/mean_step_reward``.
+    :param eval_hook: called as ``eval_hook(timesteps, fraction_of_oracle)`` after every
+        evaluation; a true return stops training (stop reason ``"hook"``; e.g. Optuna pruning).
+    :param cold_start: with ``random_profiles``, choose the policy's cold start in the simulator
+        (:func:`automdt.agents.cold_start.choose_cold_start`, about 15 s) and record it as
+        the metadata's ``start``; a policy trained on one profile starts at its oracle triple.
     """
     import torch as th
     from stable_baselines3 import PPO
@@ -395,6 +406,10 @@ def train(
     # A logger without outputs: SB3's default one creates an empty $SB3_LOGDIR or /tmp/SB3-<time>
     # directory on every learn() (the learning curve is written by this module instead).
     model.set_logger(Logger(folder=None, output_formats=[]))
+    if tensorboard_log is not None:
+        from stable_baselines3.common.utils import configure_logger
+
+        model.set_logger(configure_logger(0, os.fspath(tensorboard_log), "PPO", True))
     if init_from is not None:
         init = ppo_mod.load_policy(init_from)
         if init.frame_stack != cfg.frame_stack or init.features != tuple(cfg.features):
@@ -440,6 +455,18 @@ def train(
                           res["mean"], res["min"])
         curve.append(point)
         state["last"] = (num_timesteps, res)
+        if tensorboard_log is not None:
+            model.logger.record("eval/fraction_of_oracle", res["mean"])
+            model.logger.record("eval/min_fraction_of_oracle", res["min"])
+            if rewards:
+                model.logger.record("eval/mean_step_reward", point.mean_reward)
+            model.logger.dump(step=num_timesteps)
+        if eval_hook is not None and eval_hook(num_timesteps, res["mean"]):
+            state["stop"] = "hook"
+            if num_timesteps >= select_from * timesteps and res["mean"] > state["best"]:
+                state.update(best=res["mean"], best_state=copy.deepcopy(model.policy.state_dict()),
+                             best_ts=num_timesteps, best_eval=res)
+            return True
         if num_timesteps < select_from * timesteps:
             return False
         if res["mean"] > state["best"]:
@@ -509,7 +536,12 @@ def train(
     reached = target_fraction is not None and state["best"] >= target_fraction
 
     obs_space, act_space = ppo_sb3.simulator_spaces(cfg.frame_stack, cfg.features)
-    start = _policy_start(profile, k, random_profiles)
+    if random_profiles and cold_start:
+        from automdt.agents.cold_start import choose_cold_start
+
+        start = choose_cold_start(ppo_mod.PPOPolicy(model.policy, deterministic=True, metadata=eval_meta))
+    else:
+        start = _policy_start(profile, k, random_profiles)
     meta: Dict[str, Any] = {
         "format": ppo_mod.POLICY_FORMAT,
         "algorithm": "PPO",
@@ -560,6 +592,8 @@ def train(
     os.replace(tmp, meta_path)
     _write_curve(curve, csv_path, png_path, target_fraction,
                  title=("random profiles" if random_profiles else "one profile") + f", seed {seed}")
+    if tensorboard_log is not None:
+        model.logger.close()
     train_env.close()
     return TrainReport(
         model_path=model_path, metadata_path=meta_path, curve_csv=csv_path, curve_png=png_path,

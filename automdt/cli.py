@@ -90,6 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--verify", action="store_true",
                    help="afterwards compare every file's content digest on both ends (exit 11 on a difference)")
     t.add_argument("--bwlimit", metavar="RATE", help="cap the network stage at RATE bytes/s (same as --throttle net.total=RATE)")
+    t.add_argument("--no-history", action="store_true",
+                   help="neither start from nor record this job's history (where its last run settled; kept under "
+                        "$XDG_STATE_HOME/automdt/, default ~/.local/state/automdt/)")
+    t.add_argument("--shard", metavar="I/N",
+                   help="move only shard I of N (0..N-1) of SRC: a deterministic, size-balanced part, the same "
+                        "on every node; each shard is its own job (lock, history, resume)")
+    t.add_argument("--metrics-file", metavar="FILE.prom",
+                   help="write the run's figures for node_exporter's textfile collector to FILE (atomically)")
+    t.add_argument("--metrics-job", metavar="NAME", default=None,
+                   help="job_name label of the --metrics-file series (default: the last component of SRC)")
 
     v = sub.add_parser("verify", help="compare a source tree with a destination by content digest",
                        description="Compare the content digest (XXH3-128 over the per-chunk XXH3-64 digests) of "
@@ -117,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--idle-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="close a session silent this long (default 60)")
     r.add_argument("--log-file", metavar="F", help="append log messages to F (reopened if logrotate moves it)")
+    r.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics (port 0: any free port)")
+    r.add_argument("--max-sessions", type=int, default=16, metavar="N",
+                   help="senders served at once; more get 'busy' and retry (default 16)")
 
     d = sub.add_parser("demo", help="create a sample dataset and transfer it locally",
                        description="Create a sample dataset (a few large files and many small ones) and copy it "
@@ -151,6 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--max-seconds", type=float, default=None, help="wall-time budget")
     tr.add_argument("--k", type=float, default=1.02, help="utility base per thread (default 1.02)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.add_argument("--tensorboard", metavar="DIR",
+                    help="write SB3's TensorBoard logs and the evaluations' fraction of the oracle to DIR/PPO_<n>")
+
+    tu = sub.add_parser("tune", help="Optuna study over PPO and reward settings in the simulator (shared storage)",
+                        description="Run trials of an Optuna study: each trains PPO in the simulator with sampled "
+                                    "hyperparameters and reward settings and scores its fraction of the oracle. "
+                                    "Processes (or nodes) given the same --storage and --study-name share one "
+                                    "study. Same as `python -m automdt.experiments tune`.", epilog=EPILOG_EXIT)
+    from automdt.experiments.sweeps import add_tune_arguments
+
+    add_tune_arguments(tu)
 
     sm = sub.add_parser("simulate", help="evaluate a policy in the simulator against the oracle",
                         description="Run a policy (a trained zip, ppo for the shipped default, or a baseline: "
@@ -193,13 +218,17 @@ def cmd_transfer(args) -> int:
     from automdt.sender import TransferOptions, run_transfer
     from automdt.units import parse_size
 
+    from automdt.manifest import parse_shard
+
     try:
+        shard = args.shard_parsed = parse_shard(args.shard) if args.shard is not None else None
         if args.bwlimit:
             if args.throttle.strip().startswith("@"):
                 raise ValueError("--bwlimit cannot be combined with a throttle schedule (--throttle @FILE): "
                                  "put net.total= into the schedule's entries")
             args.throttle = ",".join(x for x in (args.throttle, f"net.total={args.bwlimit}") if x)
         policy, threads = _resolve_policy(args, args.max_threads)
+        explicit = threads if policy is not None and args.threads else None
         throttle, schedule = _throttle_option(args)
         opts = TransferOptions(
             policy=policy, threads=threads, memory=parse_size(args.memory, "memory"),
@@ -209,11 +238,75 @@ def cmd_transfer(args) -> int:
             max_duration_s=args.max_duration, fsync=args.fsync, chunk_retries=args.chunk_retries,
             timeout_s=args.timeout, sndbuf=parse_size(args.sndbuf, "sndbuf"), dry_run=args.dry_run,
             retries=max(0, args.retries), retry_sleep_s=max(0.0, args.retries_sleep),
-            verify=args.verify, encrypt=args.encrypt)
+            verify=args.verify, encrypt=args.encrypt, shard=shard, start_threads=explicit)
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
     _check_options(opts)
-    return _locked(args, lambda: _run_with_display(args, lambda o: run_transfer(args.src, args.dest, o), opts))
+    transfer = _with_history(args, run_transfer)
+    if not args.metrics_file:
+        return _locked(args, lambda: _run_with_display(args, transfer, opts))
+    return _with_metrics_file(args, lambda: _locked(
+        args, lambda: _run_with_display(args, lambda o: _keep(args, transfer(o)), opts)))
+
+
+def _with_history(args, run_transfer):
+    """The transfer, with the job's history (:mod:`automdt.history`) read before and written after
+    (unless ``--no-history`` or ``--dry-run``); an unusable history file is one warning line. The
+    history is keyed like the job lock (SRC, DEST and ``--shard``)."""
+    if args.no_history or args.dry_run:
+        return lambda o: run_transfer(args.src, args.dest, o)
+
+    def run(opts):
+        from automdt import history
+        from automdt.lock import job_key
+
+        key = job_key(args.src, args.dest, getattr(args, "shard_parsed", None))
+        path = history.history_path(key)
+        rec, warning = history.load(path)
+        if warning:
+            log.warning("%s", warning)
+        if opts.policy is not None:
+            opts.history = rec
+        summary = run_transfer(args.src, args.dest, opts)
+        name = getattr(opts.policy, "name", None) or "static:%d,%d,%d" % tuple(opts.threads)
+        failed = history.update(path, summary.history, previous=rec, policy=name, max_threads=opts.max_threads,
+                                job=key, src=os.path.abspath(args.src), dest=args.dest)
+        if failed and not warning:  # one line per run: an unreadable file is usually unwritable too
+            log.warning("%s", failed)
+        return summary
+
+    return run
+
+
+def _keep(args, summary):
+    args.final_summary = summary
+    return summary
+
+
+def _with_metrics_file(args, run) -> int:
+    """Run, then write ``--metrics-file`` whatever the outcome (a failed cron run is news too)."""
+    import time
+
+    from automdt.metrics import check_textfile_path, write_transfer_textfile
+
+    check_textfile_path(args.metrics_file)
+    t0 = time.monotonic()
+    labels = {"job_name": args.metrics_job or os.path.basename(os.path.normpath(os.path.abspath(args.src))),
+              "shard": args.shard or "", "dest": args.dest}
+    code = errors.ERROR
+    try:
+        code = run()
+        return code
+    except AutomdtError as e:
+        code = e.code
+        raise
+    except KeyboardInterrupt:
+        code = 130
+        raise
+    finally:
+        s = getattr(args, "final_summary", None)
+        write_transfer_textfile(args.metrics_file, s.as_dict() if s is not None else None, code, labels,
+                                seconds=time.monotonic() - t0)
 
 
 def _throttle_option(args):
@@ -228,7 +321,8 @@ def _locked(args, run):
         return run()
     from automdt.lock import JobLock, default_lock_path
 
-    with JobLock(args.lock_file or default_lock_path(args.src, args.dest), args.lock_wait):
+    shard = getattr(args, "shard_parsed", None)
+    with JobLock(args.lock_file or default_lock_path(args.src, args.dest, shard), args.lock_wait):
         return run()
 
 
@@ -310,16 +404,37 @@ def cmd_receive(args) -> int:
     try:
         host, port = parse_hostport(args.listen)
         max_memory = parse_size(args.max_memory, "memory")
+        metrics_at = parse_hostport(args.metrics) if args.metrics else None
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
+    if args.max_sessions < 1:
+        raise AutomdtError("--max-sessions must be at least 1", errors.USAGE)
     secret = read_secret(args.secret_file) if args.secret_file else None
-    server = ReceiverServer(args.root, host, port, secret=secret, max_threads=args.max_threads,
-                            max_memory=max_memory, idle_timeout_s=args.idle_timeout, encrypt=args.encrypt)
+    metrics = None
+    if metrics_at is not None:
+        from automdt.metrics import ReceiverMetrics
+
+        metrics = ReceiverMetrics()
+        metrics_port = metrics.serve(*metrics_at)
+    try:
+        server = ReceiverServer(args.root, host, port, secret=secret, max_threads=args.max_threads,
+                                max_memory=max_memory, idle_timeout_s=args.idle_timeout, encrypt=args.encrypt,
+                                max_sessions=args.max_sessions, metrics=metrics)
+    except AutomdtError:
+        if metrics is not None:
+            metrics.close()
+        raise
     stop = threading.Event()
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda *_: stop.set())
+    if metrics is not None:
+        print(f"automdt: metrics on http://{metrics_at[0]}:{metrics_port}/metrics", file=sys.stderr, flush=True)
     print(f"automdt: receiving into {os.path.abspath(args.root)} on {host}:{server.port}", file=sys.stderr, flush=True)
-    server.serve_forever(stop)
+    try:
+        server.serve_forever(stop)
+    finally:
+        if metrics is not None:
+            metrics.close()
     return 0
 
 
@@ -443,9 +558,19 @@ def cmd_train(args) -> int:
     out_dir = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(out_dir):
         raise AutomdtError(f"{out_dir}: output directory does not exist", errors.USAGE)
+    if args.tensorboard:
+        try:
+            import tensorboard  # noqa: F401  (SB3 writes through torch's SummaryWriter, which needs it)
+        except ImportError:
+            raise AutomdtError("--tensorboard needs the tensorboard package (pip install 'automdt[sweeps]')",
+                               errors.USAGE) from None
+        try:
+            os.makedirs(args.tensorboard, exist_ok=True)
+        except OSError as e:
+            raise AutomdtError(f"--tensorboard {args.tensorboard}: {e.strerror}", errors.USAGE) from None
     rep = train(profile, args.output, timesteps=args.timesteps, seed=args.seed, k=args.k,
                 random_profiles=profile is None, progress=not args.no_progress and sys.stderr.isatty(),
-                target_fraction=args.target, max_seconds=args.max_seconds)
+                target_fraction=args.target, max_seconds=args.max_seconds, tensorboard_log=args.tensorboard)
     print(f"policy written to {rep.model_path} ({rep.timesteps} steps in {rep.wall_s:.0f} s); "
           f"{rep.fraction_of_oracle:.1%} of the oracle's utility; curve {rep.curve_png}")
     return 0
@@ -475,6 +600,13 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from automdt.experiments.sweeps import print_tune, tune
+
+    print_tune(tune(args), args.json)
+    return 0
+
+
 def cmd_exit_codes(args) -> int:
     for code, meaning in sorted(errors.EXIT_CODES.items()):
         print(f"{code:>4}  {meaning}")
@@ -482,7 +614,7 @@ def cmd_exit_codes(args) -> int:
 
 
 COMMANDS = {"transfer": cmd_transfer, "verify": cmd_verify, "receive": cmd_receive, "demo": cmd_demo, "explore": cmd_explore,
-            "train": cmd_train, "simulate": cmd_simulate, "exit-codes": cmd_exit_codes}
+            "train": cmd_train, "simulate": cmd_simulate, "tune": cmd_tune, "exit-codes": cmd_exit_codes}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

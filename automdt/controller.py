@@ -4,15 +4,14 @@ Every ``interval_s`` the controller turns the engine counters of both ends into 
 :class:`~automdt.simulator.types.Observation` (what the simulator also produces), asks the
 policy for the next (read, net, write) thread counts, applies them (read and net on the local
 sender engine, write through the control channel to the receiver), and writes one JSON line to
-the interval log.
+the interval log. Its first log line (``"start"``) says where the thread counts started and why
+(:mod:`automdt.start`).
 """
 from __future__ import annotations
 
 import json
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
-
-import psutil
 
 from automdt.agents.base import Policy, clamp_triple
 from automdt.simulator.types import Observation, Triple
@@ -31,34 +30,69 @@ class Controller:
     :param interval_s: control interval in seconds.
     :param max_threads: upper bound for each stage.
     :param log_file: open text file for the per-interval JSON lines, or None.
+    :param start: where to start (:func:`automdt.start.choose_start`); None: the policy's own.
+    :param bound: threads per stage the dataset can use (:func:`automdt.start.dataset_bound`):
+        applied to the choices of policies that take a start (PPO) for the whole run.
     """
 
     def __init__(self, policy: Policy, apply: Callable[[Triple], None], interval_s: float = 1.0,
-                 max_threads: int = 32, log_file=None):
+                 max_threads: int = 32, log_file=None, start=None, bound: Optional[int] = None):
         self.policy = policy
         self.apply = apply
         self.interval_s = interval_s
         self.max_threads = max_threads
         self.log_file = log_file
+        self.start_choice = start
+        self.limit = max_threads
+        if bound is not None and start is not None and start.source != "threads":
+            from automdt.start import takes_start
+
+            if takes_start(policy):
+                self.limit = max(1, min(max_threads, int(bound)))
         self.threads: Triple = (1, 1, 1)
         self.t0 = time.monotonic()
         self._last_t = self.t0
         self._last: Optional[Tuple[int, int, int]] = None
         self._last_busy: Optional[Tuple[float, ...]] = None
         self._last_tcp: Tuple[int, int] = (0, 0)
-        self._proc = psutil.Process()
-        self._proc.cpu_percent(None)
+        self._cpu = (time.process_time(), time.monotonic())
         self.history: list = []
         self.last_record: Optional[Dict[str, Any]] = None
+        self.start_record: Optional[Dict[str, Any]] = None
         self.annotations: Dict[str, Any] = {}
         """Fields added to every interval record from now on (the sender sets ``throttle``, the
         throttle spec in force at the end of the interval)."""
 
     def start(self) -> Triple:
-        self.threads = clamp_triple(self.policy.reset(self.max_threads), self.max_threads)
+        """Reset the policy, apply the start triple, and log where it came from."""
+        own = clamp_triple(self.policy.reset(self.max_threads), self.max_threads)
+        if self.start_choice is None:
+            self.threads = own
+            record = {"threads": dict(zip(("read", "net", "write"), self.threads)), "source": "policy"}
+        else:
+            self.threads = clamp_triple(self.start_choice.threads, self.max_threads)
+            hook = getattr(self.policy, "start_from", None)
+            if hook is not None:
+                hook(self.threads)
+            record = self.start_choice.log_record()
         self.apply(self.threads)
         self.t0 = self._last_t = time.monotonic()
+        self.start_record = {"t": 0.0, "start": record, "policy": self._name()}
+        if self.log_file is not None:
+            self.log_file.write(json.dumps(self.start_record) + "\n")
+            self.log_file.flush()
         return self.threads
+
+    def _cpu_percent(self) -> float:
+        """This process's CPU time (all threads) since the last call, in percent of one core (what
+        ``psutil.Process().cpu_percent()`` reports, without importing psutil on the transfer path)."""
+        cpu, wall = time.process_time(), time.monotonic()
+        last_cpu, last_wall = self._cpu
+        self._cpu = (cpu, wall)
+        return round(100.0 * (cpu - last_cpu) / (wall - last_wall), 1) if wall > last_wall else 0.0
+
+    def _name(self) -> str:
+        return getattr(self.policy, "name", type(self.policy).__name__)
 
     def due(self, now: Optional[float] = None) -> bool:
         return (time.monotonic() if now is None else now) - self._last_t >= self.interval_s
@@ -98,15 +132,15 @@ class Controller:
         obs = Observation(threads=self.threads, throughput_bps=tput, buffer_fill=fill, interval_s=dt,
                           max_threads=self.max_threads, loss=loss,
                           buffer_bytes=(int(sbuf.get("capacity_bytes", 0)), int(rbuf.get("capacity_bytes", 0))))
-        new = clamp_triple(self.policy.act(obs), self.max_threads)
+        new = clamp_triple(self.policy.act(obs), self.limit)
         record = {
             "t": round(now - self.t0, 3),
             "threads": dict(zip(("read", "net", "write"), self.threads)),
             "throughput": dict(zip(("read", "net", "write"), (round(x, 1) for x in tput))),
             "buffer": {"sender": round(fill[0], 4), "receiver": round(fill[1], 4)},
-            "cpu": self._proc.cpu_percent(None),
+            "cpu": self._cpu_percent(),
             "loss": round(loss, 6),
-            "policy": getattr(self.policy, "name", type(self.policy).__name__),
+            "policy": self._name(),
             "next_threads": dict(zip(("read", "net", "write"), new)),
             # raw counters of the interval, for exploration and profile fitting
             "bytes": dict(zip(("read", "net", "write"), moved)),

@@ -7,15 +7,24 @@ import hashlib
 import os
 import tempfile
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 from automdt import errors
 from automdt.errors import AutomdtError
 
 
-def default_lock_path(src: str, dest: str) -> str:
-    """``$XDG_RUNTIME_DIR/automdt/<sha256(src, dest)>.lock`` (falls back to the temp dir)."""
-    key = hashlib.sha256(f"{os.path.abspath(src)}\0{dest}".encode("utf-8", "surrogateescape")).hexdigest()[:32]
+def job_key(src: str, dest: str, shard: Optional[Tuple[int, int]] = None) -> str:
+    """The identity of a job: sha256 of SRC (absolute), DEST and, with ``--shard I/N``, the shard
+    (each shard of a tree is its own job: its own lock, history and resume)."""
+    ident = f"{os.path.abspath(src)}\0{dest}"
+    if shard is not None:
+        ident += "\0shard=%d/%d" % tuple(shard)
+    return hashlib.sha256(ident.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def default_lock_path(src: str, dest: str, shard: Optional[Tuple[int, int]] = None) -> str:
+    """``$XDG_RUNTIME_DIR/automdt/<job_key>.lock`` (falls back to the temp dir)."""
+    key = job_key(src, dest, shard)
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     return os.path.join(base, "automdt", f"{key}.lock")
 

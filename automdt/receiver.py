@@ -88,6 +88,10 @@ class Session:
         self.last_seen = time.monotonic()
         self.bytes_needed = 0
         self.dry_run = False
+        self.files_completed = 0
+        """Files renamed into place (or created empty) by this session (for metrics)."""
+        self.chunks_missing = 0
+        """Chunks the sender was told to send again after a lost connection (for metrics)."""
 
     # ----------------------------------------------------------------- messages
     def handle(self, msg: Dict[str, Any]) -> Dict[str, Any]:
@@ -291,6 +295,7 @@ class Session:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         _unlink(jname, dfd)
+        self.files_completed += 1
 
     def _activate(self, msg):
         out = []
@@ -374,6 +379,7 @@ class Session:
             os.fsync(dfd)
         del self.files[f.id]
         self.done.append(f.id)
+        self.files_completed += 1
 
     def _release(self, f: _File) -> None:
         self.server.unclaim(self, f)
@@ -414,6 +420,7 @@ class Session:
             f = self.files.get(int(fid))
             if f is not None and f.active:
                 out[str(f.id)] = [list(r) for r in self.engine.missing(f.id)]
+                self.chunks_missing += sum(-(-r[1] // self.chunk_size) for r in out[str(f.id)])
         return {"type": "missing", "files": out}
 
     def _fail(self, msg):
@@ -486,6 +493,8 @@ class Session:
         for f in list(self.files.values()):
             self._release(f)
         self.files.clear()
+        if self.server.metrics is not None:
+            self.server.metrics.session_closed(self)
         if self.engine is not None:
             self.engine.close()
             self.engine = None
@@ -537,7 +546,8 @@ class ReceiverServer:
 
     def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
                  max_threads: int = 64, max_memory: int = 1 << 30, idle_timeout_s: float = 60.0,
-                 max_files: int = 10_000_000, max_sessions: int = 16, encrypt: bool = False):
+                 max_files: int = 10_000_000, max_sessions: int = 16, encrypt: bool = False,
+                 metrics: Any = None):
         if not os.path.isdir(root):
             raise errors.AutomdtError(f"{root}: destination root is not a directory", errors.DIR_NOT_FOUND)
         if secret is None and not is_loopback(host):
@@ -568,6 +578,9 @@ class ReceiverServer:
         self._claims: Dict[Tuple[str, ...], Tuple[Session, _File]] = {}
         self.auth_failures = 0
         self.sessions_total = 0
+        self.busy_rejections = 0
+        self.metrics = metrics
+        """An :class:`automdt.metrics.ReceiverMetrics` to keep up to date, or None."""
         self._ctx = zmq.Context()
         self.sock = self._ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -591,6 +604,9 @@ class ReceiverServer:
             raise errors.AutomdtError(f"cannot listen on {host}:{port}: {e.strerror}", errors.USAGE) from None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        # stop() writes a byte here so that serve_forever's poll returns at once, not on its timeout
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
 
     def claim(self, session: "Session", f: _File) -> None:
         """Make ``session`` the only writer of ``f``'s destination. Another session that still
@@ -618,11 +634,17 @@ class ReceiverServer:
         stop = stop or self._stop
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        next_metrics = 0.0
         while not stop.is_set():
             if poller.poll(20):
                 try:
                     frames = self.sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
+                except zmq.Again:  # the wake-up from stop(): drain it (never spin on a readable fd)
+                    try:
+                        self._wake_r.recv(64)
+                    except OSError:
+                        pass
                     continue
                 if len(frames) != 2:
                     continue
@@ -641,6 +663,9 @@ class ReceiverServer:
                 if now - s.last_seen > limit:
                     log.warning("session %s idle for %.0f s: closed (partial files kept)", ident.hex()[:8], now - s.last_seen)
                     s.close()
+            if self.metrics is not None and now >= next_metrics:
+                next_metrics = now + 0.25
+                self.metrics.update(self)
         self._shutdown()
 
     def _dispatch(self, ident: bytes, data: bytes) -> None:
@@ -658,6 +683,7 @@ class ReceiverServer:
                     # unauthenticated peers never crowd out others: the oldest pending one goes
                     self._drop(min(pending, key=lambda x: x.last_seen).ident)
                 if len(self.sessions) - len(pending) >= self.max_sessions:
+                    self.busy_rejections += 1
                     raise SessionError(f"busy: {self.max_sessions} sessions already", errors.NETWORK)
                 s = self.sessions[ident] = Session(self, ident)
                 self.sessions_total += 1
@@ -702,6 +728,10 @@ class ReceiverServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -711,3 +741,5 @@ class ReceiverServer:
         self.sessions.clear()
         self.sock.close(0)
         self._ctx.term()
+        self._wake_r.close()
+        self._wake_w.close()

@@ -24,7 +24,7 @@ import zmq
 from automdt import errors, protocol
 from automdt.controller import Controller
 from automdt.errors import AutomdtError
-from automdt.manifest import Manifest, file_digest, scan
+from automdt.manifest import Manifest, file_digest, scan, shard_manifest
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,12 @@ class TransferOptions:
     sent to the receiver (``poll {write_throttle}``)."""
     schedule_t0: Optional[float] = None
     """``time.monotonic()`` origin of the schedule's ``at`` times; None: the start of :func:`run_transfer`."""
+    shard: Optional[Tuple[int, int]] = None
+    """``(I, N)``: move only shard I of N of the source tree (:func:`automdt.manifest.shard_of`)."""
+    start_threads: Optional[Tuple[int, int, int]] = None
+    """``--threads`` given with a policy: the counts the policy starts from (:mod:`automdt.start`)."""
+    history: Any = None
+    """The job's :class:`automdt.history.JobRecord` (its last run), for the start; None: none or off."""
 
 
 @dataclass
@@ -125,13 +131,17 @@ class Summary:
     """With ``--verify``: ``missing: path`` / ``differs: path`` lines."""
     dry_run_files: Optional[List[str]] = None
     """With ``--dry-run``: the files that would be sent (first 1000)."""
+    shard: Optional[str] = None
+    """With ``--shard``: ``"I/N"`` (the file counts are this shard's)."""
     history: List[Dict[str, Any]] = field(default_factory=list, repr=False)
     """The controller's interval records (not part of the JSON summary)."""
+    start: Optional[Dict[str, Any]] = None
+    """Where the thread counts started and why (the interval log's ``start``; :mod:`automdt.start`)."""
 
     def as_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
         d.pop("history", None)
-        for k in ("dry_run_files", "verified", "differences"):
+        for k in ("dry_run_files", "verified", "differences", "shard", "start"):
             if d[k] is None:
                 d.pop(k)
         d["bytes_per_second"] = round(self.bytes / self.seconds, 1) if self.seconds > 0 else 0.0
@@ -197,12 +207,16 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
         time.sleep(opts.retry_sleep_s)
     summary.bytes, summary.chunks_resent, summary.attempts = moved, resent, attempt + 1
     summary.seconds = time.monotonic() - t0
+    if opts.shard is not None:
+        summary.shard = "%d/%d" % opts.shard
     return summary
 
 
 def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
     t_start = time.monotonic()
     manifest = scan(src)
+    if opts.shard is not None:
+        manifest = shard_manifest(manifest, *opts.shard)
     remote, where = parse_dest(dest)
     server = None
     secret = opts.secret
@@ -309,6 +323,7 @@ class _Transfer:
         self.summary.seconds = time.monotonic() - self.t_start
         if getattr(self, "controller", None) is not None:
             self.summary.history = self.controller.history
+            self.summary.start = (self.controller.start_record or {}).get("start")
         self.summary.exit_code = errors.worst(self.codes)
         return self.summary
 
@@ -438,13 +453,14 @@ class _Transfer:
             self.engine.set_threads(t[0], t[1])
             self.want_write = t[2]
 
-        ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file)
+        ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file,
+                                            **self._start())
         if self.clock is not None or any(any(v) for v in self.limits.values()):
             from automdt.throttle import format_throttle
 
             ctrl.annotations["throttle"] = format_throttle(self.limits)
         ctrl.start()
-        last_progress = time.monotonic()
+        loop_start = last_progress = time.monotonic()
         last_written = -1
         quiet_since: Optional[float] = None
         deadline = self.t_start + self.o.max_duration_s if self.o.max_duration_s else None
@@ -477,7 +493,20 @@ class _Transfer:
             self.summary.threads = dict(zip(("read", "net", "write"), ctrl.threads))
             if self.o.progress:
                 self.o.progress(self.summary, ctrl)
-            time.sleep(0.02)
+            # poll every 2 ms at first, easing to every 20 ms within 0.2 s: a small transfer ends
+            # (and the next run starts) without waiting out fixed 20 ms pauses
+            time.sleep(min(0.02, 0.002 + 0.1 * (now - loop_start)))
+
+    def _start(self) -> Dict[str, Any]:
+        """The controller's ``start`` and ``bound`` (:mod:`automdt.start`): the dataset bound counts
+        the chunks of the files this run sends."""
+        from automdt.start import choose_start, chunks_to_move, dataset_bound
+
+        bound = dataset_bound(chunks_to_move((self.m.files[i].size for i in self.pending), self.chunk_size),
+                              self.o.max_threads)
+        start = choose_start(self.policy, self.o.max_threads, explicit=self.o.start_threads,
+                             history=self.o.history, bound=bound)
+        return {"start": start, "bound": bound}
 
     def _follow_schedule(self, ctrl: Controller, now: float) -> None:
         """Apply the schedule's entry that became due: read/net here, write via the next poll."""

@@ -860,6 +860,11 @@ def threading_main() -> bool:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import signal
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("tune", "grid"):  # sweeps: Optuna studies and submitit grids
+        from automdt.experiments.sweeps import main as sweeps_main
+
+        return sweeps_main(args)
     a = build_parser().parse_args(argv)
     st = settings_from_args(a)
     if threading_main():

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from automdt.simulator.contract import ACTION_NAMES, OBS_DIM, OBS_NAMES  # noqa: F401  (re-exported)
 from automdt.simulator.profile import (N_PROFILE_UNIFORMS, Profile, capacity_array, peak_capacity_array,
                                       random_profile_arrays)
 
@@ -35,22 +36,10 @@ U_LAYOUT: dict[str, slice] = {
 
 _SQRT3 = math.sqrt(3.0)
 
-# Action table: index -> (multiplier, addend); new = floor(n * mult) + add, then clipped.
+# Action table: index -> (multiplier, addend); new = floor(n * mult) + add, then clipped. The names
+# (ACTION_NAMES, OBS_NAMES) live in the dependency-free automdt.simulator.contract.
 ACTION_MULT = np.array([0.5, 1.0, 1.0, 1.0, 2.0])
 ACTION_ADD = np.array([0, -1, 0, 1, 0], dtype=np.int64)
-ACTION_NAMES: tuple[str, ...] = ("halve", "minus_one", "hold", "plus_one", "double")
-"""Meaning of each per-stage action index (see :func:`automdt.simulator.env.action_to_threads`)."""
-
-OBS_NAMES: tuple[str, ...] = (
-    "read/threads", "net/threads", "write/threads",
-    "read/throughput", "net/throughput", "write/throughput",
-    "buffer/sender_fill", "buffer/receiver_fill",
-    "prev/read/threads", "prev/net/threads", "prev/write/threads",
-    "prev/read/throughput", "prev/net/throughput", "prev/write/throughput",
-    "read/thread_efficiency", "net/thread_efficiency", "write/thread_efficiency",
-)
-"""Names of the encoded observation's components, in order."""
-OBS_DIM = len(OBS_NAMES)
 
 _TINY_BPS = 1.0  # floor of the throughput reference (bytes/s): avoids 0/0 before anything moved
 

@@ -23,7 +23,16 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from automdt.simulator.dynamics import ACTION_NAMES, OBS_DIM, OBS_NAMES, encode_arrays
+from automdt.simulator.contract import (  # noqa: F401  (FEATURES & co. re-exported: the pipeline's inputs)
+    FEATURE_DIMS,
+    FEATURES,
+    OBS_DIM,
+    OBS_NAMES,
+    check_features,
+    feature_dim,
+    space_descriptions,
+)
+from automdt.simulator.dynamics import encode_arrays
 from automdt.simulator.types import Observation
 
 __all__ = [
@@ -112,32 +121,6 @@ class ObservationEncoder:
 # ---------------------------------------------------------------------------------------------
 # 2. Derived features
 # ---------------------------------------------------------------------------------------------
-FEATURES = ("spare_threads", "noise_level", "debiased_spare")
-"""Derived inputs a policy may add to the simulator's encoding (metadata ``features``).
-
-``spare_threads`` (3 inputs): per stage, the threads it could shed at its best per-thread rate so
-far, ``n_i * (1 - efficiency_i)``, clipped to [0, :data:`SPARE_CAP`] and divided by it. It is a
-pure function of the encoding (thread counts and thread efficiencies), spelled out because a small
-network finds the product hard to learn precisely, and precision is what settles a stage on
-exactly the threads it needs.
-
-``noise_level`` (1 input): how noisy this transfer's throughputs are: the running mean, since the
-start of the transfer, of ``|log(t_i / t_i,prev)|`` (median over the three stages) over the
-intervals in which no thread count changed, divided by :data:`NOISE_SCALE` and clipped to [0, 1].
-
-``debiased_spare`` (3 inputs): ``spare_threads`` with the efficiency corrected for the noise. The
-efficiency reference is a running *maximum* of noisy per-thread rates, so it reads high by about
-the noise amplitude, and a stage at exactly the threads it needs shows ``n * (1 - efficiency)``
-of about ``n * noise * sqrt(3) * 0.6``: one spare thread is real on a quiet path and noise on a
-noisy one. This input uses ``min(1, efficiency * (1 + DEBIAS * level))``, where ``level`` is the
-unscaled ``noise_level`` (about ``1.15 * noise``), so it reads about 0 at the needed count
-whatever the noise.
-
-The last two carry state across intervals (:class:`FeatureState`) but are computed from the
-encodings alone (an interval's current and previous throughputs share one reference), so the
-training environments and the live controller see the same values.
-"""
-
 SPARE_CAP = 8.0
 """Spare threads at which the ``spare_threads`` feature saturates at 1."""
 
@@ -154,25 +137,12 @@ DEBIAS = 0.9
 (~4) per-thread rates with uniform noise of relative std s exceeds their mean by ~0.6*sqrt(3)*s
 ~ 1.04 s, and the noise level is ~1.15 s."""
 
-_FEATURE_DIMS = {"spare_threads": 3, "noise_level": 1, "debiased_spare": 3}
 _STATEFUL = ("noise_level", "debiased_spare")
 _THREADS = [OBS_NAMES.index(f"{st}/threads") for st in ("read", "net", "write")]
 _EFFICIENCY = [OBS_NAMES.index(f"{st}/thread_efficiency") for st in ("read", "net", "write")]
 _TPUT = [OBS_NAMES.index(f"{st}/throughput") for st in ("read", "net", "write")]
 _PREV_THREADS = [OBS_NAMES.index(f"prev/{st}/threads") for st in ("read", "net", "write")]
 _PREV_TPUT = [OBS_NAMES.index(f"prev/{st}/throughput") for st in ("read", "net", "write")]
-
-
-def feature_dim(features: Sequence[str]) -> int:
-    """Number of inputs the derived ``features`` add to one encoding."""
-    return sum(_FEATURE_DIMS[f] for f in features)
-
-
-def check_features(features: Sequence[str]) -> None:
-    """Raise ``ValueError`` for a feature name that is not in :data:`FEATURES`."""
-    unknown = [f for f in features if f not in _FEATURE_DIMS]
-    if unknown:
-        raise ValueError(f"unknown policy feature {unknown[0]!r}; known: {FEATURES}")
 
 
 def _spare(n: np.ndarray, eff: np.ndarray) -> np.ndarray:
@@ -350,18 +320,3 @@ class PolicyInput:
             self.state.reset(done_rows)
         x, term = self.stack.push(self._frames(enc, self.state), dones if done_rows.size else None, term_frames)
         return x.copy(), term
-
-
-def space_descriptions(frame_stack: int = 1, features: Sequence[str] = ()) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """JSON descriptions (as recorded in a policy's metadata) of the network's observation and
-    action spaces: ``Box(0, 1, (width * frame_stack,), float32)`` and one ``MultiDiscrete`` choice
-    per stage over :data:`~automdt.simulator.dynamics.ACTION_NAMES`.
-
-    Equal to what :func:`automdt.agents.ppo_sb3.space_to_json` gives for the gymnasium spaces
-    the training environment uses (tested), without importing gymnasium.
-    """
-    check_features(features)
-    dim = (OBS_DIM + feature_dim(features)) * int(frame_stack)
-    obs = {"type": "Box", "shape": [dim], "dtype": "float32", "low": [0.0] * dim, "high": [1.0] * dim}
-    act = {"type": "MultiDiscrete", "nvec": [len(ACTION_NAMES)] * 3, "start": [0, 0, 0]}
-    return obs, act

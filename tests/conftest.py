@@ -29,10 +29,13 @@ def _runtime_dir(tmp_path_factory):
     """Every CLI run the tests start keeps its job lock (never deleted, by design: a stable inode
     for flock) under ``$XDG_RUNTIME_DIR/automdt``; point that at the session's temp directory so
     the suite leaves no lock files in the machine's own runtime or temp directory."""
-    old = os.environ.get("XDG_RUNTIME_DIR")
+    saved = {k: os.environ.get(k) for k in ("XDG_RUNTIME_DIR", "XDG_STATE_HOME")}
     os.environ["XDG_RUNTIME_DIR"] = str(tmp_path_factory.mktemp("runtime"))
+    # and the per-job start history (automdt.history) under the session's temp directory too
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
     yield
-    if old is None:
-        os.environ.pop("XDG_RUNTIME_DIR", None)
-    else:
-        os.environ["XDG_RUNTIME_DIR"] = old
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -88,3 +88,12 @@ def test_receive_imports_no_ml_framework(make_tree, tmp_path):
     assert (root / "x" / "a.bin").stat().st_size == 100_000
     mods = _imported("".join(lines) + rest)
     assert "zmq" in mods and not mods & set(HEAVY), sorted(mods & set(HEAVY))
+
+
+def test_default_policy_imports_numpy_only_when_it_first_acts(make_tree, tmp_path):
+    """Loading and checking the shipped policy needs the standard library only: a transfer that
+    ends before its first control interval (here: a 30 s interval) never imports numpy."""
+    src = make_tree({"a.bin": 3})
+    code, mods, msgs = _run(["transfer", src, str(tmp_path / "dst"), "-q", "--interval", "30"], tmp_path)
+    assert code == 0, msgs
+    assert "automdt" in mods and "numpy" not in mods and not mods & set(HEAVY)

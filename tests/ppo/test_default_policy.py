@@ -33,7 +33,7 @@ def _run(policy, name, seed):
     from automdt.simulator.profile import STAGES
 
     prof = held_out_profiles()[name]
-    traj = evaluate_policy_in_sim(policy, prof, steps=60, seed=seed, k=1.02)
+    traj = evaluate_policy_in_sim(policy, prof, steps=60, seed=seed, k=1.02, start_threads=(1, 1, 1))
     b = STAGES.index(prof.bottleneck)
     detail = (f"{name} seed {seed}: settled {traj.settled_threads}, oracle {traj.oracle.threads}, "
               f"fraction {traj.fraction_of_oracle:.3f}")

@@ -723,6 +723,10 @@ void amdt_receiver_close(amdt_receiver *r)
         return;
     r->closed = 1;
     amdt_set_stop(&r->stop);
+    /* Wake the accept thread's poll() now instead of at its next timeout (AMDT_WAIT_MS): on
+     * Linux, shutdown() of a listening socket makes a waiting poll() return and accept() fail. */
+    if (r->lsock >= 0)
+        shutdown(r->lsock, SHUT_RDWR);
     /* The accept thread first, so no receiving thread starts after the join below. */
     if (r->accept_started) {
         pthread_join(r->accept_tid, NULL);

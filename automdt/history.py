@@ -1,0 +1,207 @@
+"""Per-job history: where the last run of the same job settled, so the next run starts there.
+
+An operator's hourly cron or systemd transfer of the same SRC to the same DEST is the same job
+every time. After a run, :func:`record_from_intervals` condenses the controller's interval
+records into a :class:`JobRecord` (the thread triple the run settled at, the per-thread rates it
+measured, its steady throughput), and :func:`save` writes it to
+``$XDG_STATE_HOME/automdt/jobs/<job key>.json`` (default ``~/.local/state/automdt/jobs/``)
+atomically (a temporary file in the same directory, fsync'ed, then renamed). The next run of the
+job loads it (:func:`load`) and starts from it (:mod:`automdt.start`).
+
+The job key is the job lock's (:func:`automdt.lock.job_key`): the same SRC and DEST, plus any
+extra parts the lock's identity gains (a shard, for instance), give the same key.
+
+A file that cannot be used (unreadable, truncated, not JSON, another format version, wrong
+fields) is never an error: :func:`load` returns no record and a one-line warning, the run starts
+cold, and the run's own record replaces the file afterwards (a file of another format version is
+first moved aside to ``<file>.other``, so a newer automdt's history is not lost). A run that
+measured no full interval (a tiny dataset) leaves the file as it was.
+
+File format (JSON, one object)::
+
+    {"format": "automdt-history/1", "job": "<key>", "src": "/data/out", "dest": "host:5000/run42",
+     "updated": 1767225600.0, "runs": 12, "policy": "ppo:default",
+     "settled": [8, 4, 3], "rates_bps": [1.0e7, 2.1e7, 2.9e7], "throughput_bps": 8.0e7,
+     "intervals": 31, "max_threads": 32}
+
+``settled``: the most frequent (read, net, write) triple over the run's second half (the final
+interval, when the dataset drains, left out; ties go to the latest); ``rates_bps``: bytes per busy thread-second of each
+stage over the same intervals (the per-thread rates, as ``automdt explore`` measures them);
+``throughput_bps``: the median end-to-end (write) rate over them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+log = logging.getLogger(__name__)
+
+HISTORY_FORMAT = "automdt-history/1"
+"""Value of ``format``; a file with another value is from another version and is not used."""
+
+STAGES = ("read", "net", "write")
+
+
+def state_dir() -> Path:
+    """``$XDG_STATE_HOME/automdt`` (default ``~/.local/state/automdt``)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "automdt"
+
+
+def history_path(key: str) -> Path:
+    """The history file of the job with lock key ``key``."""
+    return state_dir() / "jobs" / f"{key}.json"
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What the last run of a job learned (see the module docstring for the fields)."""
+
+    settled: Tuple[int, int, int]
+    rates_bps: Tuple[float, float, float]
+    throughput_bps: float
+    intervals: int
+    policy: str = ""
+    max_threads: int = 32
+    runs: int = 1
+    updated: float = 0.0
+    job: str = ""
+    src: str = ""
+    dest: str = ""
+
+    def to_json(self) -> Dict[str, Any]:
+        d = asdict(self)
+        d["settled"], d["rates_bps"] = list(self.settled), list(self.rates_bps)
+        return {"format": HISTORY_FORMAT, **d}
+
+    @classmethod
+    def from_json(cls, d: Any) -> "JobRecord":
+        """Raises ``ValueError`` (with the reason) unless ``d`` is a valid record of this format."""
+        if not isinstance(d, dict):
+            raise ValueError("not a JSON object")
+        if d.get("format") != HISTORY_FORMAT:
+            raise ValueError(f"format {d.get('format')!r} is not {HISTORY_FORMAT!r} (another automdt version)")
+        settled, rates = d.get("settled"), d.get("rates_bps")
+        if (not isinstance(settled, list) or len(settled) != 3
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in settled)):
+            raise ValueError(f"bad settled {settled!r}")
+        if not isinstance(rates, list) or len(rates) != 3 or not all(_nonneg(x) for x in rates):
+            raise ValueError(f"bad rates_bps {rates!r}")
+        for k in ("throughput_bps", "updated"):
+            if not _nonneg(d.get(k, 0.0)):
+                raise ValueError(f"bad {k} {d.get(k)!r}")
+        for k in ("intervals", "runs", "max_threads"):
+            v = d.get(k, 1)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"bad {k} {v!r}")
+        return cls(settled=tuple(settled), rates_bps=tuple(float(x) for x in rates),  # type: ignore[arg-type]
+                   throughput_bps=float(d.get("throughput_bps", 0.0)), intervals=int(d.get("intervals", 0)),
+                   policy=str(d.get("policy", "")), max_threads=int(d.get("max_threads", 32)),
+                   runs=int(d.get("runs", 1)), updated=float(d.get("updated", 0.0)), job=str(d.get("job", "")),
+                   src=str(d.get("src", "")), dest=str(d.get("dest", "")))
+
+
+def _nonneg(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and 0 <= x < float("inf")
+
+
+def load(path: Path) -> Tuple[Optional[JobRecord], Optional[str]]:
+    """The job's record, or ``(None, warning)`` when there is a file that cannot be used, or
+    ``(None, None)`` when there is none. Never raises for a bad file."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"job history {path} unreadable ({e.strerror or e}); starting cold"
+    try:
+        return JobRecord.from_json(json.loads(raw.decode("utf-8"))), None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors: truncated, not JSON
+        return None, f"job history {path} not used ({str(e).splitlines()[0]}); starting cold"
+
+
+def save(path: Path, record: JobRecord) -> None:
+    """Write ``record`` atomically (same-directory temporary file, fsync, rename; directory 0700).
+
+    A file of another format version is moved aside to ``<file>.other`` first. Raises ``OSError``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(old, dict) and str(old.get("format", "")).startswith("automdt-history/") \
+                and old.get("format") != HISTORY_FORMAT:
+            os.replace(path, path.with_name(path.name + ".other"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        pass
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(record.to_json(), f)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def record_from_intervals(records: Sequence[Dict[str, Any]], *, policy: str = "", max_threads: int = 32,
+                          previous: Optional[JobRecord] = None, job: str = "", src: str = "",
+                          dest: str = "") -> Optional[JobRecord]:
+    """Condense a run's interval records (the controller's, the ``--log`` lines) into a
+    :class:`JobRecord`; ``None`` when the run measured no full interval."""
+    recs = [r for r in records if isinstance(r, dict) and "threads" in r and "bytes" in r]
+    if not recs:
+        return None
+    window = recs[:-1] if len(recs) >= 3 else recs  # the last interval usually has the dataset draining
+    window = window[len(window) // 2:]
+    triples = [tuple(int(r["threads"][s]) for s in STAGES) for r in window]
+    counts = Counter(triples)
+    best = max(counts.values())
+    settled = next(t for t in reversed(triples) if counts[t] == best)  # ties: the latest
+    rates = []
+    for s in STAGES:
+        busy = sum(float(r["busy_s"][s]) for r in window)
+        moved = sum(float(r["bytes"][s]) for r in window)
+        rates.append(moved / busy if busy > 0 else 0.0)
+    tput = statistics.median(float(r["throughput"]["write"]) for r in window)
+    return JobRecord(settled=settled, rates_bps=tuple(rates), throughput_bps=float(tput),  # type: ignore[arg-type]
+                     intervals=len(recs), policy=policy, max_threads=int(max_threads),
+                     runs=(previous.runs + 1) if previous else 1, updated=time.time(), job=job, src=src, dest=dest)
+
+
+def update(path: Path, records: Sequence[Dict[str, Any]], *, previous: Optional[JobRecord], **kw: Any) -> Optional[str]:
+    """After a run: save its record (if it measured an interval). Returns a warning if the file
+    could not be written (the run's result is unaffected)."""
+    rec = record_from_intervals(records, previous=previous, **kw)
+    if rec is None:
+        return None
+    try:
+        save(path, rec)
+    except OSError as e:
+        return f"job history {path} not written ({e.strerror or e})"
+    return None
+
+
+def summary(record: JobRecord) -> Dict[str, Any]:
+    """The parts of a record the interval log's ``start`` line shows."""
+    return {"settled": list(record.settled), "rates_bps": [round(x, 1) for x in record.rates_bps],
+            "throughput_bps": round(record.throughput_bps, 1), "runs": record.runs, "policy": record.policy,
+            "updated": record.updated}
+
+
+__all__: List[str] = ["HISTORY_FORMAT", "JobRecord", "history_path", "load", "save", "record_from_intervals",
+                      "state_dir", "update", "summary"]
