@@ -487,9 +487,9 @@ def write_real_results(st: Any, rd: RunDir, names: Sequence[str], labels: Sequen
         "between two network namespaces with the delay forwarder's RTT and per-connection window, cold reads "
         "and fsync'ed writes on the real disk, a receiver confined by a cgroup CPU quota "
         "(`experiments/realpaths.py`). The yardstick is the *empirical oracle*: the best static triple of a "
-        "grid search on the same path (`experiments/real.py`). Throughput = bytes written at the receiver per "
-        f"second, mean over each {duration:g}-s run (the dataset is copied again when it runs out).", st, rd, skipped,
-        "Paths")
+        "grid search on the same path (`experiments/real.py`). Each policy runs for {duration:g} s (the dataset is "
+        "copied again when it runs out); throughput = bytes written at the receiver over the copies' own time."
+        .format(duration=duration), st, rd, skipped, "Paths")
     checks: List[Tuple[str, Optional[bool], str]] = []
     fractions: Dict[str, List[Optional[float]]] = {lab: [] for lab in labels}
     groups = []
