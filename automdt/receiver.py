@@ -56,6 +56,15 @@ class _File:
     data_fd: int = -1
     journal_fd: int = -1
     active: bool = False
+    partial: bool = False
+    """The plan found a partial (``.part``) to resume; without one, activation creates afresh."""
+    _temp: Optional[Tuple[str, str]] = None
+
+    def temp_names(self) -> Tuple[str, str]:
+        """The partial's and journal's names (hashed once per file)."""
+        if self._temp is None:
+            self._temp = temp_names(self.path)
+        return self._temp
 
 
 class SessionError(Exception):
@@ -88,6 +97,9 @@ class Session:
         self.last_seen = time.monotonic()
         self.bytes_needed = 0
         self.dry_run = False
+        self.n_active = 0
+        """Files open and registered with the engine now (kept as a count: the activation limit
+        is checked once per file, and counting 20,000 files each time was quadratic)."""
         self.files_completed = 0
         """Files renamed into place (or created empty) by this session (for metrics)."""
         self.chunks_missing = 0
@@ -237,9 +249,10 @@ class Session:
         """Bytes a resumable partial of ``f`` already holds on disk (0 if none)."""
         try:
             dfd = self.root.dir_fd(f.parts[:-1], create=False)
-            st = os.stat(temp_names(f.path)[0], dir_fd=dfd, follow_symlinks=False)
+            st = os.stat(f.temp_names()[0], dir_fd=dfd, follow_symlinks=False)
         except (OSError, UnsafePath):
             return 0
+        f.partial = True  # whatever it is: activation looks at it before creating afresh
         return min(f.size, st.st_blocks * 512) if stat.S_ISREG(st.st_mode) else 0
 
     def _check_space(self) -> None:
@@ -303,7 +316,7 @@ class Session:
             f = self.files.get(int(fid))
             if f is None or f.active:
                 raise SessionError(f"activate: unknown or active file id {fid}", errors.USAGE)
-            if sum(1 for x in self.files.values() if x.active) >= MAX_ACTIVE_FILES:
+            if self.n_active >= MAX_ACTIVE_FILES:
                 raise SessionError(f"more than {MAX_ACTIVE_FILES} files active at once", errors.USAGE)
             try:
                 ranges = self._open_partial(f)
@@ -326,7 +339,7 @@ class Session:
     def _open_partial(self, f: _File) -> List[List[int]]:
         """Open (or resume) the partial file; register it with the engine; return ranges to send."""
         dfd = self.root.dir_fd(f.parts[:-1])
-        tmp, jname = temp_names(f.path)
+        tmp, jname = f.temp_names()
         cs = self.chunk_size
         nchunks = (f.size + cs - 1) // cs
         fp = journal.fingerprint(f.path, f.size, f.mtime_ns, cs, f.source_id, f.digest)
@@ -335,6 +348,8 @@ class Session:
         data_fd = jfd = -1
         self.server.claim(self, f)
         try:
+            if not f.partial:  # nothing to resume when the plan ran: create (below)
+                raise FileNotFoundError
             data_fd = os.open(tmp, flags, dir_fd=dfd)
             jfd = os.open(jname, flags | os.O_APPEND, dir_fd=dfd)
             euid = os.geteuid()
@@ -351,23 +366,32 @@ class Session:
             for fd in (data_fd, jfd):
                 if fd >= 0:
                     os.close(fd)
-            _unlink(tmp, dfd)
-            _unlink(jname, dfd)
-            data_fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dfd)
-            jfd = os.open(jname, flags | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600, dir_fd=dfd)
-            os.write(jfd, journal.header(fp, cs))
-            os.ftruncate(data_fd, f.size)
+            data_fd = jfd = -1
+            data_fd = _create(tmp, dfd, flags)  # (anything left under the name is unlinked first)
+            try:
+                jfd = _create(jname, dfd, flags | os.O_APPEND)
+                os.write(jfd, journal.header(fp, cs))
+                os.ftruncate(data_fd, f.size)
+            except OSError:
+                os.close(data_fd)
+                if jfd >= 0:
+                    os.close(jfd)
+                raise
             done = []
         f.data_fd, f.journal_fd, f.active = data_fd, jfd, True
+        self.n_active += 1
         if len(done) == nchunks:
             return []
+        if not done:
+            self.engine.add_file(f.id, data_fd, jfd, f.size)
+            return [[0, f.size]]
         self.engine.add_file(f.id, data_fd, jfd, f.size, journal.bitmap(done, nchunks))
         return _missing_ranges(done, nchunks, cs, f.size)
 
     def _finalize(self, f: _File) -> None:
         """All chunks written and verified: set metadata, (fsync,) rename into place."""
         dfd = self.root.dir_fd(f.parts[:-1])
-        tmp, jname = temp_names(f.path)
+        tmp, jname = f.temp_names()
         os.fchmod(f.data_fd, f.mode)
         os.utime(f.data_fd, ns=(f.mtime_ns, f.mtime_ns))
         if self.fsync in ("file", "dir"):
@@ -392,6 +416,8 @@ class Session:
             if fd >= 0:
                 os.close(fd)
         f.data_fd = f.journal_fd = -1
+        if f.active:
+            self.n_active -= 1
         f.active = False
 
     def _poll(self, msg):
@@ -517,6 +543,16 @@ def _missing_ranges(done: List[int], nchunks: int, cs: int, size: int) -> List[L
         else:
             out.append([off, ln])
     return out
+
+
+def _create(name: str, dfd: int, flags: int) -> int:
+    """Create ``name`` (0600, O_EXCL) in ``dfd``; whatever already has that name (a stale partial,
+    a planted symlink or hard link) is unlinked first and never opened."""
+    try:
+        return os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dfd)
+    except FileExistsError:
+        _unlink(name, dfd)
+        return os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dfd)
 
 
 def _unlink(name: str, dfd: int) -> None:

@@ -39,7 +39,9 @@ class Sender:
         read_threads: int = 1,
         net_threads: int = 1,
         tls_key: bytes | None = None,
+        zerocopy: bool = True,
     ) -> None: ...
+    zerocopy: bool
     def add_file(
         self,
         file_id: int,

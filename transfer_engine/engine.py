@@ -154,6 +154,8 @@ def _stage(t: tuple[int, int, int, int, int, int]) -> StageStats:
 
 
 def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    if type(value) is int and value >= lo and (hi is None or value <= hi):
+        return value  # the common case first: this runs several times per file on the data path
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an int, got {type(value).__name__}")
     if value < lo or (hi is not None and value > hi):
@@ -239,6 +241,11 @@ class Sender(_Engine):
     :param threads: ``(read, net)`` thread counts to start with.
     :param tls_key: 32 bytes: every data connection speaks TLS 1.3 keyed with it (external
         PSK + ECDHE, no certificates; the receiver must hold the same key). None: plain TCP.
+    :param zerocopy: on plain connections, readers hash each chunk through a small buffer and
+        network threads send the payload with ``sendfile()`` straight from the page cache (no
+        copy in the staging buffer; the buffer's byte cap then bounds what was read ahead and
+        not sent yet). False, TLS, or the environment variable ``AUTOMDT_SENDFILE=0``: chunks
+        are copied into the staging buffer and sent from there. See :attr:`zerocopy`.
     """
 
     def __init__(
@@ -256,6 +263,7 @@ class Sender(_Engine):
         *,
         threads: tuple[int, int] = (1, 1),
         tls_key: Optional[bytes] = None,
+        zerocopy: bool = True,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise ValueError("host must be a non-empty string")
@@ -270,7 +278,13 @@ class Sender(_Engine):
         self.max_threads = max_threads
         self.encrypted = tls_key is not None
         self._e = _engine.Sender(host, port, bytes(token), chunk_size, memory_bytes, max_threads,
-                                 rt, rT, nt, nT, sndbuf, fault_corrupt, nr, nn, _check_key(tls_key))
+                                 rt, rT, nt, nT, sndbuf, fault_corrupt, nr, nn, _check_key(tls_key),
+                                 bool(zerocopy))
+
+    @property
+    def zerocopy(self) -> bool:
+        """True when payloads are sent with ``sendfile()`` from the page cache (see __init__)."""
+        return bool(self._e.zerocopy)
 
     @staticmethod
     def _check_threads(threads: Sequence[int], max_threads: int) -> tuple[int, int]:

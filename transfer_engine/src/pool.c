@@ -1,10 +1,11 @@
 /* Staging buffer of chunk slots (see pool.h). */
 #include "pool.h"
 
-int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, const int *stop)
+int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, int with_data, const int *stop)
 {
     memset(p, 0, sizeof(*p));
     p->chunk_size = chunk_size;
+    p->with_data = with_data;
     p->slots_max = slots_max;
     p->stop = stop;
     if (pthread_mutex_init(&p->mu, NULL) != 0)
@@ -49,11 +50,14 @@ void amdt_pool_destroy(amdt_pool *p)
 }
 
 /* Allocate one slot; called without the lock (a multi-MiB malloc can take a while). */
-static amdt_slot *amdt_slot_new(size_t chunk_size)
+static amdt_slot *amdt_slot_new(size_t chunk_size, int with_data)
 {
     amdt_slot *s = calloc(1, sizeof(*s));
     if (s == NULL)
         goto error;
+    s->fd = -1;
+    if (!with_data)
+        return s;
     size_t bytes = (chunk_size + 4095) & ~(size_t)4095;
     if (posix_memalign((void **)&s->data, 4096, bytes) != 0)
         goto error;
@@ -81,7 +85,7 @@ amdt_slot *amdt_pool_get(amdt_pool *p, uint32_t length, unsigned wait_ms)
         if (p->slots_alloc < p->slots_max) {
             p->slots_alloc++; /* reserve the allocation, then malloc outside the lock */
             pthread_mutex_unlock(&p->mu);
-            s = amdt_slot_new(p->chunk_size);
+            s = amdt_slot_new(p->chunk_size, p->with_data);
             pthread_mutex_lock(&p->mu);
             if (s == NULL) {
                 p->slots_alloc--;
@@ -114,6 +118,7 @@ void amdt_pool_put(amdt_pool *p, amdt_slot *s)
     p->slots_used--;
     p->fill_bytes -= s->length;
     s->file = NULL;
+    s->fd = -1;
     s->next = p->free_list;
     p->free_list = s;
     pthread_cond_signal(&p->cv_free);
