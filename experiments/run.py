@@ -13,6 +13,14 @@ fairness       two transfers competing for one rate-limited link between two net
                (see :mod:`automdt.experiments.fairness`); skipped, with the reason, without root
 cost           CPU (process CPU seconds over wall time, both ends: the receiver is embedded)
                and threads per policy (``--from DIR`` recomputes from an earlier run)
+real           every policy on paths whose bottleneck is a real resource (a tc link with RTT and
+               window, the real disk, a CPU-quota cgroup), against the empirical oracle of a grid
+               search on the same path, with a sim-to-real report
+               (:mod:`automdt.experiments.real`); paths needing root are skipped without it
+changing       every policy on paths that change during the transfer (a bottleneck that moves,
+               a link that halves and recovers, a transfer that joins and leaves):
+               seconds to 90% of the new achievable rate, completion time
+               (:mod:`automdt.experiments.changing`)
 all            bottlenecks, convergence (from the bottlenecks run), completion, cost (from the
                bottlenecks run) and fairness
 =============  ==================================================================================
@@ -42,7 +50,7 @@ from automdt.experiments.scenarios import (DEFAULT_CHUNK, DEFAULT_INTERVAL_S, DE
                                            DatasetSpec, Scenario, bottleneck_scenarios, large_dataset,
                                            mixed_dataset)
 
-EXPERIMENTS = ("bottlenecks", "convergence", "completion", "fairness", "cost")
+EXPERIMENTS = ("bottlenecks", "convergence", "completion", "fairness", "cost", "real", "changing")
 TUNERS = ("ppo", "marlin", "falcon", "heuristic", "model")
 CONV_TICK_SLACK_S = 0.15
 """Interval ends lag the whole seconds by the controller's tick (20 ms sleeps plus the poll round
@@ -71,6 +79,9 @@ class Settings:
     own_explore_s: float = 20.0
     own_train_s: float = 180.0
     own_target: float = 0.98
+    drop_caches: str = "file"
+    throttle: Optional[str] = None
+    real_explore_s: float = 60.0
     log: Callable[[str], None] = field(default=lambda s: print(s, flush=True), repr=False)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -749,6 +760,18 @@ def fairness(st: Settings) -> Experiment:
     return run_fairness(st)
 
 
+def real(st: Settings) -> Experiment:
+    from automdt.experiments.real import run_real
+
+    return run_real(st)
+
+
+def changing(st: Settings) -> Experiment:
+    from automdt.experiments.changing import run_changing
+
+    return run_changing(st)
+
+
 # ---------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------
@@ -793,7 +816,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs", help="parent directory of the run directories (default runs)")
     p.add_argument("--seed", type=A.integer(0), default=0, help="seed of datasets and policies (default 0)")
     p.add_argument("--quick", action="store_true", help="short runs and fewer policies (well under a minute)")
-    p.add_argument("--scenarios", type=_csv_list, help="comma list: read-bound,net-bound,write-bound")
+    p.add_argument("--scenarios", type=_csv_list, help="comma list: read-bound,net-bound,write-bound (real: net-rtt20,net-rtt80,disk,cpu; changing: moving-bottleneck,link-halves,competing-transfer,schedule)")
     p.add_argument("--policies", type=_policy_list, help="comma list of policy labels (default: the experiment's)")
     p.add_argument("--duration", type=A.seconds(), help="seconds per transfer (completion: seconds of data at the "
                    "achievable rate per dataset)")
@@ -805,13 +828,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="keep and re-use generated datasets here (default: a temp dir in /dev/shm, "
                    "removed at the end)")
     p.add_argument("--keep-data", action="store_true", help="do not remove the generated datasets")
-    p.add_argument("--from", dest="from_dir", help="bottlenecks/convergence/completion/cost: recompute the tables and plots "
+    p.add_argument("--from", dest="from_dir", help="bottlenecks/convergence/completion/cost/real/changing: recompute the tables and plots "
                    "from an earlier run directory (no transfers)")
     p.add_argument("--own-explore", type=A.seconds(), default=20.0, help="ppo-own: exploration seconds per scenario")
     p.add_argument("--own-train", type=A.seconds(), default=180.0, help="ppo-own: training wall-time budget per scenario")
     p.add_argument("--own-target", type=A.number(0.0, 1.0, lo_open=True, what="a fraction"), default=0.98,
                    help="ppo-own: stop training at this fraction of the fitted profile's oracle (default 0.98; "
                    "`automdt train` stops at 0.95, where a few surplus threads still cost little)")
+    p.add_argument("--real-explore", type=float, default=60.0,
+                   help="real, changing: seconds of `automdt explore` on each path (for ppo-own and the "
+                   "sim-to-real report; default 60: a real path's connections and disks need longer than the "
+                   "throttled scenarios' 20)")
+    p.add_argument("--drop-caches", choices=["file", "all"], default="file",
+                   help="real: how the disk path evicts its dataset before every copy: file (posix_fadvise "
+                   "DONTNEED on each file, the default: nothing else on the machine is affected) or all "
+                   "(echo 3 > /proc/sys/vm/drop_caches, as root: for a quiet machine)")
+    p.add_argument("--throttle", metavar="@FILE", help="changing: add the scenario 'schedule', loopback with this "
+                   "throttle schedule (a YAML list of {at: SECONDS, throttle: SPEC}, as `automdt transfer "
+                   "--throttle @FILE` takes it)")
     return p
 
 
@@ -853,12 +887,13 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
                     duration_s=a.duration, rate_bps=a.rate, memory=a.memory, chunk_size=a.chunk_size,
                     interval_s=a.interval, max_threads=a.max_threads, data_dir=a.data_dir, keep_data=a.keep_data,
                     from_dir=a.from_dir, own_explore_s=a.own_explore, own_train_s=a.own_train,
-                    own_target=a.own_target)
+                    own_target=a.own_target, drop_caches=a.drop_caches, throttle=a.throttle,
+                    real_explore_s=a.real_explore)
 
 
 RUNNERS: Dict[str, Callable[[Settings], Experiment]] = {
     "bottlenecks": bottlenecks, "convergence": convergence, "completion": completion, "fairness": fairness,
-    "cost": cost,
+    "cost": cost, "real": real, "changing": changing,
 }
 
 
