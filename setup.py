@@ -12,7 +12,7 @@ engine = Extension(
     sources=sorted(glob.glob("transfer_engine/src/*.c")),
     depends=sorted(glob.glob("transfer_engine/src/*.h")),
     libraries=["xxhash", "ssl", "crypto", "pthread"],
-    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-pthread"],
+    extra_compile_args=["-O2", "-fno-omit-frame-pointer", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-pthread"],
 )
 
 setup(ext_modules=[engine] if engine.sources else [])

@@ -8,7 +8,11 @@ Specs:
 * ``ppo``, ``ppo:PATH``, or a path ending in ``.zip``: a PPO policy file, loaded by
   ``automdt.agents.ppo.load_policy`` (imported only then; numpy inference, no torch);
 * ``oracle``: the simulator's oracle, from ``automdt.simulator.oracle`` (simulator only; needs
-  ``profile=`` unless that module provides ``oracle_policy``).
+  ``profile=`` unless that module provides ``oracle_policy``);
+* ``MODULE:FACTORY`` (e.g. ``mylab.policies:GreedyPolicy``): a policy of one's own, from any
+  importable module (installed, or on ``PYTHONPATH``); ``FACTORY`` is a class or function called as
+  ``FACTORY(max_threads=..., **kw)`` (or ``FACTORY(**kw)`` if it takes no ``max_threads``) that
+  returns an object with ``reset`` and ``act`` (:class:`~automdt.agents.base.Policy`).
 
 Keyword arguments go to the policy's constructor (or to the loader), e.g.
 ``make_policy("heuristic", 32, rtt_s=0.02, avg_file_size=64 << 20)``. More names can be added
@@ -17,6 +21,7 @@ with :func:`register_policy`.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any, Callable, Dict, List
 
 from typing import Union
@@ -46,7 +51,7 @@ ORACLE_FACTORY = "oracle_policy"
 
 def available_policies() -> List[str]:
     """The spec forms :func:`make_policy` accepts, for help texts and error messages."""
-    return ["static:R,N,W", *sorted(_FACTORIES), "ppo", "ppo:PATH", "PATH.zip", "oracle"]
+    return ["static:R,N,W", *sorted(_FACTORIES), "ppo", "ppo:PATH", "PATH.zip", "oracle", "MODULE:FACTORY"]
 
 
 def register_policy(name: str, factory: PolicyFactory) -> None:
@@ -90,6 +95,86 @@ def _load_oracle(max_threads: int, **kw: Any) -> Policy:
     return StaticPolicy(r, n, w, name="oracle", max_threads=max_threads)
 
 
+_MODULE_SPEC = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)$")
+
+
+def _load_external(raw: str, max_threads: int, **kw: Any) -> Policy:
+    """``MODULE:FACTORY``: a policy class or factory function of one's own."""
+    import inspect
+
+    m = _MODULE_SPEC.match(raw)
+    assert m is not None
+    modname, attr = m.groups()
+    try:
+        obj: Any = importlib.import_module(modname)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and modname.startswith(exc.name):
+            raise ValueError(f"policy {raw!r}: no module {modname!r} (install it or put it on PYTHONPATH)") from None
+        raise
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"policy {raw!r}: module {modname!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"policy {raw!r}: {attr!r} is not a class or function")
+    try:
+        params = inspect.signature(obj).parameters
+        takes = "max_threads" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    except (TypeError, ValueError):
+        takes = True
+    try:
+        pol = obj(max_threads=max_threads, **kw) if takes else obj(**kw)
+    except TypeError as e:
+        raise ValueError(f"policy {raw!r}: cannot call {attr}: {e}") from None
+    if not (callable(getattr(pol, "reset", None)) and callable(getattr(pol, "act", None))):
+        raise ValueError(f"policy {raw!r}: {attr}(...) returned {type(pol).__name__}, which has no reset() and act()")
+    if not getattr(pol, "name", None):
+        try:
+            pol.name = raw
+        except (AttributeError, TypeError):
+            pass
+    return pol
+
+
+def check_spec(spec: str) -> None:
+    """Raise ``ValueError`` for a spec :func:`make_policy` would refuse, without loading anything
+    heavy: names and forms are checked, a policy file must exist, a ``MODULE:FACTORY`` module is
+    imported. (``make_policy`` may still fail on a file's content.)"""
+    import os
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise _unknown(str(spec))
+    raw = spec.strip()
+    key = _ALIASES.get(raw.lower(), raw.lower())
+    if key.startswith("static:") or key == "static":
+        parse_static(raw, max_threads=1 << 30)
+        return
+    if key in _FACTORIES or key in ("ppo", "oracle"):
+        return
+    path = raw[len("ppo:"):].strip() if key.startswith("ppo:") else raw if key.endswith(".zip") else None
+    if path is not None:
+        if not path:
+            raise ValueError("ppo policy spec 'ppo:PATH' needs a path")
+        if not os.path.isfile(path):
+            raise ValueError(f"policy file {path} not found" if not os.path.exists(path) else
+                             f"policy file {path} is not a regular file")
+        return
+    m = _MODULE_SPEC.match(raw)
+    if m is None:
+        raise _unknown(raw)
+    try:
+        mod = importlib.import_module(m.group(1))
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and m.group(1).startswith(exc.name):
+            raise ValueError(f"policy {raw!r}: no module {m.group(1)!r} (install it or put it on PYTHONPATH)") from None
+        raise
+    obj: Any = mod
+    for part in m.group(2).split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"policy {raw!r}: module {m.group(1)!r} has no {m.group(2)!r}")
+        obj = getattr(obj, part)
+
+
 def make_policy(spec: str, max_threads: int, **kw: Any) -> Policy:
     """Build the policy named by ``spec`` for a transfer with at most ``max_threads`` per stage.
 
@@ -127,4 +212,6 @@ def make_policy(spec: str, max_threads: int, **kw: Any) -> Policy:
         return _load_ppo(raw, **kw)
     if key == "oracle":
         return _load_oracle(max_threads, **kw)
+    if _MODULE_SPEC.match(raw):
+        return _load_external(raw, max_threads, **kw)
     raise _unknown(raw)

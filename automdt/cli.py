@@ -2,7 +2,10 @@
 
 Heavy modules (torch, stable-baselines3, the engine) are imported inside the commands that need
 them, so ``automdt transfer`` with a non-PPO policy never imports torch. User errors print one
-line ``automdt: ...`` on stderr and exit with a documented code (``automdt exit-codes``).
+line ``automdt: ...`` on stderr and exit with a documented code (``automdt exit-codes``). Every
+option's value and every output path is checked before any work starts
+(:mod:`automdt.cli_args`); SIGINT/SIGTERM stop a command cleanly with exit 130/143, however many
+arrive (:mod:`automdt.interrupts`), and a transfer's summary is written whatever ended it.
 """
 from __future__ import annotations
 
@@ -11,50 +14,76 @@ import json
 import logging
 import os
 import sys
+import time
 from typing import List, Optional
 
-from automdt import __version__, errors
-from automdt.errors import AutomdtError
+from automdt import __version__, cli_args as A, errors, interrupts
+from automdt.errors import AutomdtError, Interrupted
 
 log = logging.getLogger("automdt")
 
-EPILOG_EXIT = "Exit codes: see `automdt exit-codes`."
+EPILOG_EXIT = "Exit codes: see `automdt exit-codes`. Sizes: 4M = 4,000,000 bytes, 4Mi = 4,194,304 bytes."
+MAX_THREADS_LIMIT = 1024
+MIN_CHUNK, MAX_CHUNK = 4 << 10, 64 << 20
+FILE_ONLY = {"file_only": True}
+"""``extra=`` of a log record that goes to --log-file only (stderr gets the same text another way)."""
+QUIET_CODES = (errors.OK, errors.MAX_DURATION, errors.LOCK_BUSY)
+ORACLE_ONLY_IN_SIMULATOR = ("policy 'oracle' needs the path's true profile, so it runs only in the simulator "
+                            "(automdt simulate --policy oracle)")
+"""Outcomes ``--quiet`` reports by exit code only (and in --summary-file/--log-file), not on stderr."""
+
+
+def _debug_option(p: argparse.ArgumentParser) -> None:
+    # also accepted after the subcommand; SUPPRESS keeps a top-level --debug from being reset
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="log debug messages and show tracebacks")
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", metavar="R,N,W", default=None,
+    p.add_argument("--threads", metavar="R,N,W", default=None, type=A.threads,
                    help="static read,network,write thread counts (with --policy: the starting counts)")
-    p.add_argument("--memory", metavar="BYTES", default="256Mi",
+    p.add_argument("--memory", metavar="BYTES", default="256Mi", type=A.size(MIN_CHUNK, what="memory"),
                    help="memory cap of each staging buffer, e.g. 512Mi or 1G (default 256Mi)")
-    p.add_argument("--chunk-size", metavar="BYTES", default="4Mi", help="chunk size (default 4Mi)")
+    p.add_argument("--chunk-size", metavar="BYTES", default="4Mi", type=A.size(MIN_CHUNK, MAX_CHUNK, "chunk size"),
+                   help="chunk size, 4Ki..64Mi (default 4Mi)")
     p.add_argument("--throttle", metavar="SPEC", default="",
                    help="emulated bottlenecks: comma list of read.thread=, net.thread=, write.thread=, "
                         "read.total=, net.total=, write.total= in bytes/s with K/M/G (powers of 1000); "
                         "@FILE: a schedule, a YAML list of {at: SECONDS, throttle: SPEC} entries applied "
-                        "at their times (an empty SPEC lifts every limit)")
-    p.add_argument("--secret-file", metavar="F", help="shared secret; both ends must prove it")
+                        "at their times (an empty SPEC lifts every limit); 0 means no limit")
+    p.add_argument("--secret-file", metavar="F", type=A.nonempty,
+                   help="file holding the shared secret; both ends must prove it (keep it mode 600)")
     p.add_argument("--encrypt", action="store_true",
                    help="encrypt the control channel (ZeroMQ CURVE) and the data connections (TLS 1.3); "
                         "needs --secret-file and a receiver started with --encrypt")
-    p.add_argument("--max-threads", type=int, default=32, help="upper bound of each stage's threads (default 32)")
-    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="control interval (default 1 s)")
-    p.add_argument("--log", metavar="FILE", help="append one JSON object per interval to FILE")
+    p.add_argument("--max-threads", type=A.integer(1, MAX_THREADS_LIMIT), default=32, metavar="N",
+                   help=f"upper bound of each stage's threads, 1..{MAX_THREADS_LIMIT} (default 32)")
+    p.add_argument("--interval", type=A.seconds(0.1, lo_open=False, hi=3600), default=1.0, metavar="SECONDS",
+                   help="control interval, 0.1..3600 (default 1 s)")
+    p.add_argument("--log", metavar="FILE", type=A.nonempty, help="append one JSON object per interval to FILE")
     p.add_argument("--json", action="store_true", help="print one final JSON summary on stdout (no progress display)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress display and no summary text")
-    p.add_argument("--sndbuf", metavar="BYTES", default="0", help="per-connection socket send buffer cap (emulates a TCP window)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress display and no summary text; on stderr only errors, none for exit 0, "
+                        "10 or 13 (cron mails only real failures)")
+    p.add_argument("--sndbuf", metavar="BYTES", default="0", type=A.size(0, 2**31 - 1, "sndbuf"),
+                   help="per-connection socket send buffer cap, emulates a TCP window (default 0: the kernel's)")
 
 
 def _add_ops_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lock-file", metavar="F", help="lock held for the run (default: per SRC+DEST under $XDG_RUNTIME_DIR "
-                                                  "or /tmp); a second run exits 13 at once")
-    p.add_argument("--lock-wait", type=float, default=0.0, metavar="SECONDS", help="wait this long for a busy lock")
+    p.add_argument("--lock-file", metavar="F", type=A.nonempty,
+                   help="lock held for the run (default: per SRC+DEST under $XDG_RUNTIME_DIR/automdt-locks or "
+                        "/tmp/automdt-locks-UID); a second run exits 13 at once")
+    p.add_argument("--lock-wait", type=A.seconds(0.0, lo_open=False), default=0.0, metavar="SECONDS",
+                   help="wait this long for a busy lock before exiting 13 (default 0)")
     p.add_argument("--no-lock", action="store_true", help="do not take the lock")
-    p.add_argument("--summary-file", metavar="F", help="also write the final JSON summary to F")
-    p.add_argument("--log-file", metavar="F", help="append log messages to F (reopened if logrotate moves it)")
+    p.add_argument("--summary-file", metavar="F", type=A.nonempty,
+                   help="also write the final JSON summary to F (always, whatever the exit code)")
+    p.add_argument("--log-file", metavar="F", type=A.nonempty,
+                   help="append log messages (with times) to F; reopened if logrotate moves it")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="automdt", description=(
+    p = A.Parser(prog="automdt", description=(
         "Modular data transfers: separate read, network and write thread pools, tuned jointly."),
         epilog=EPILOG_EXIT)
     p.add_argument("--version", action="version", version=f"automdt {__version__}")
@@ -67,106 +96,151 @@ def build_parser() -> argparse.ArgumentParser:
                                    "of a running `automdt receive`. Files already complete and identical "
                                    "(size and mtime, or content with --checksum) are skipped; interrupted files "
                                    "resume from their journals.", epilog=EPILOG_EXIT)
-    t.add_argument("src")
-    t.add_argument("dest")
+    t.add_argument("src", help="source directory (its contents are copied) or file")
+    t.add_argument("dest", help="local directory, or HOST:PORT[/SUBDIR] of a running `automdt receive`")
     _add_engine_options(t)
-    t.add_argument("--policy", metavar="SPEC", default=None,
+    t.add_argument("--policy", metavar="SPEC", default=None, type=A.nonempty,
                    help="thread-count policy: ppo (the shipped default policy; the default unless --threads is "
                         "given), PATH.zip or ppo:PATH (a policy from `automdt train`), marlin, falcon, globus "
-                        "(static 4,32,4), static:R,N,W, heuristic, model")
+                        "(static 4,32,4), static:R,N,W, heuristic, model, or MODULE:FACTORY (your own class)")
     t.add_argument("--checksum", action="store_true", help="skip files by content digest instead of size+mtime")
-    t.add_argument("--max-duration", type=float, metavar="SECONDS",
-                   help="stop cleanly after SECONDS (exit 10); the next run resumes")
+    t.add_argument("--max-duration", type=A.seconds(), metavar="SECONDS",
+                   help="stop cleanly after SECONDS (> 0; exit 10); the next run resumes")
     t.add_argument("--fsync", choices=["none", "file", "dir"], default="none",
                    help="durability: fsync each file before its rename (file), and its directory after (dir)")
-    t.add_argument("--chunk-retries", type=int, default=5, help="re-sends of a corrupt chunk before failing (default 5)")
-    t.add_argument("--retries", type=int, default=2,
+    t.add_argument("--chunk-retries", type=A.integer(0, 1000), default=5, metavar="N",
+                   help="re-sends of a corrupt chunk before the file fails (default 5)")
+    t.add_argument("--retries", type=A.integer(0, 1000), default=2, metavar="N",
                    help="whole-run retries after a network failure, each resuming (default 2)")
-    t.add_argument("--retries-sleep", type=float, default=2.0, metavar="SECONDS", help="pause before a retry (default 2)")
-    t.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="control-channel reply timeout")
+    t.add_argument("--retries-sleep", type=A.seconds(0.0, lo_open=False, hi=86400), default=2.0, metavar="SECONDS",
+                   help="pause before a retry (default 2)")
+    t.add_argument("--timeout", type=A.seconds(1.0, lo_open=False, hi=86400), default=30.0, metavar="SECONDS",
+                   help="control-channel reply timeout, at least 1 (default 30)")
     _add_ops_options(t)
     t.add_argument("-n", "--dry-run", action="store_true",
-                   help="only report what would move (same JSON summary, with dry_run_files); change nothing")
+                   help="only report what would move (the files, or with --json the same summary with "
+                        "dry_run_files); change nothing")
     t.add_argument("--verify", action="store_true",
                    help="afterwards compare every file's content digest on both ends (exit 11 on a difference)")
-    t.add_argument("--bwlimit", metavar="RATE", help="cap the network stage at RATE bytes/s (same as --throttle net.total=RATE)")
+    t.add_argument("--bwlimit", metavar="RATE", type=A.size(0, what="rate"),
+                   help="cap the network stage at RATE bytes/s, e.g. 100M (same as --throttle net.total=RATE; 0: none)")
     t.add_argument("--no-history", action="store_true",
                    help="neither start from nor record this job's history (where its last run settled; kept under "
                         "$XDG_STATE_HOME/automdt/, default ~/.local/state/automdt/)")
-    t.add_argument("--shard", metavar="I/N",
+    t.add_argument("--shard", metavar="I/N", type=A.shard,
                    help="move only shard I of N (0..N-1) of SRC: a deterministic, size-balanced part, the same "
                         "on every node; each shard is its own job (lock, history, resume)")
-    t.add_argument("--metrics-file", metavar="FILE.prom",
+    t.add_argument("--metrics-file", metavar="FILE.prom", type=A.nonempty,
                    help="write the run's figures for node_exporter's textfile collector to FILE (atomically)")
-    t.add_argument("--metrics-job", metavar="NAME", default=None,
+    t.add_argument("--metrics-job", metavar="NAME", default=None, type=A.nonempty,
                    help="job_name label of the --metrics-file series (default: the last component of SRC)")
+    _debug_option(t)
 
     v = sub.add_parser("verify", help="compare a source tree with a destination by content digest",
                        description="Compare the content digest (XXH3-128 over the per-chunk XXH3-64 digests) of "
                                    "every file of SRC with DEST (a local directory or HOST:PORT[/SUBDIR]); print "
-                                   "`missing: PATH` / `differs: PATH` lines; exit 11 if any differ.", epilog=EPILOG_EXIT)
-    v.add_argument("src")
-    v.add_argument("dest")
-    v.add_argument("--secret-file", metavar="F")
+                                   "`missing: PATH` / `differs: PATH` lines, and `unreadable: PATH (source|"
+                                   "destination): WHY` for what one side cannot read; exit 11 if any differ or are "
+                                   "missing, else 6 if anything was unreadable.", epilog=EPILOG_EXIT)
+    v.add_argument("src", help="source directory or file")
+    v.add_argument("dest", help="local directory, or HOST:PORT[/SUBDIR] of a running `automdt receive`")
+    v.add_argument("--secret-file", metavar="F", type=A.nonempty,
+                   help="shared secret of the receiver (as for transfer)")
     v.add_argument("--encrypt", action="store_true", help="encrypted control channel (for a receiver with --encrypt)")
-    v.add_argument("--chunk-size", metavar="BYTES", default="4Mi")
-    v.add_argument("--json", action="store_true")
-    v.add_argument("-q", "--quiet", action="store_true")
+    v.add_argument("--chunk-size", metavar="BYTES", default="4Mi", type=A.size(MIN_CHUNK, MAX_CHUNK, "chunk size"),
+                   help="chunk size the digests are built from, 4Ki..64Mi (default 4Mi; any value works, "
+                        "both ends use the same)")
+    v.add_argument("--timeout", type=A.seconds(1.0, lo_open=False, hi=86400), default=30.0, metavar="SECONDS",
+                   help="control-channel reply timeout, at least 1 (default 30)")
+    v.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    v.add_argument("-q", "--quiet", action="store_true", help="print nothing; the exit code tells")
+    _debug_option(v)
 
     r = sub.add_parser("receive", help="run the destination daemon",
                        description="Serve transfers into ROOT. Listening on a non-loopback address needs "
-                                   "--secret-file. Every resource a sender asks for is clamped.", epilog=EPILOG_EXIT)
-    r.add_argument("--listen", required=True, metavar="HOST:PORT")
-    r.add_argument("--root", required=True, metavar="DIR")
-    r.add_argument("--secret-file", metavar="F")
+                                   "--secret-file. Every resource a sender asks for is clamped. Logs one line per "
+                                   "session start and finish (with totals) on stderr, with times.",
+                       epilog=EPILOG_EXIT)
+    r.add_argument("--listen", required=True, metavar="HOST:PORT", type=A.hostport,
+                   help="address and port of the control channel (data ports are chosen per session)")
+    r.add_argument("--root", required=True, metavar="DIR", type=A.nonempty,
+                   help="existing directory every transfer is written beneath")
+    r.add_argument("--secret-file", metavar="F", type=A.nonempty,
+                   help="shared secret senders must prove (required off loopback; keep it mode 600)")
     r.add_argument("--encrypt", action="store_true",
                    help="require encryption: ZeroMQ CURVE control channel and TLS 1.3 data connections, keyed "
                         "from --secret-file; senders must use --encrypt")
-    r.add_argument("--max-threads", type=int, default=64, help="clamp for write threads (default 64)")
-    r.add_argument("--max-memory", default="1Gi", metavar="BYTES", help="clamp for each session's staging buffer")
-    r.add_argument("--idle-timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="close a session silent this long (default 60)")
-    r.add_argument("--log-file", metavar="F", help="append log messages to F (reopened if logrotate moves it)")
-    r.add_argument("--metrics", metavar="HOST:PORT",
+    r.add_argument("--max-threads", type=A.integer(1, MAX_THREADS_LIMIT), default=64, metavar="N",
+                   help="clamp for write threads (default 64)")
+    r.add_argument("--max-memory", default="1Gi", metavar="BYTES", type=A.size(MIN_CHUNK, what="memory"),
+                   help="clamp for each session's staging buffer (default 1Gi)")
+    r.add_argument("--idle-timeout", type=A.seconds(1.0, lo_open=False), default=60.0, metavar="SECONDS",
+                   help="close a session silent this long, keeping its partial files (default 60)")
+    r.add_argument("--log-file", metavar="F", type=A.nonempty,
+                   help="append log messages to F (reopened if logrotate moves it)")
+    r.add_argument("--metrics", metavar="HOST:PORT", type=A.hostport,
                    help="serve Prometheus metrics on http://HOST:PORT/metrics (port 0: any free port)")
-    r.add_argument("--max-sessions", type=int, default=16, metavar="N",
+    r.add_argument("--max-sessions", type=A.integer(1, 100_000), default=16, metavar="N",
                    help="senders served at once; more get 'busy' and retry (default 16)")
+    _debug_option(r)
 
-    d = sub.add_parser("demo", help="create a sample dataset and transfer it locally",
-                       description="Create a sample dataset (a few large files and many small ones) and copy it "
-                                   "locally with the live display and a summary.")
-    d.add_argument("--dir", default="demo-data", help="where to create src/ and dst/ (default ./demo-data)")
-    d.add_argument("--size", default="1Gi", help="approximate dataset size (default 1Gi)")
-    d.add_argument("--threads", default=None, metavar="R,N,W",
+    d = sub.add_parser("demo", help="create a sample dataset, transfer it locally, check it, remove it",
+                       description="Create a sample dataset (a few large files and many small ones) in "
+                                   "DIR/src, copy it to DIR/dst with the live display, compare every file's "
+                                   "content digest, and remove both (the directory too, if the demo created it) "
+                                   "unless --keep.", epilog=EPILOG_EXIT)
+    d.add_argument("--dir", default="demo-data", type=A.nonempty,
+                   help="where to create src/ and dst/ (default ./demo-data)")
+    d.add_argument("--size", default="1Gi", type=A.size(1 << 20, 1 << 40, "size"),
+                   help="approximate dataset size, at least 1Mi (default 1Gi)")
+    d.add_argument("--threads", default=None, metavar="R,N,W", type=A.threads,
                    help="static thread counts (default: the shipped PPO policy chooses them)")
+    d.add_argument("--keep", action="store_true", help="keep DIR/src and DIR/dst afterwards")
+    _debug_option(d)
 
     e = sub.add_parser("explore", help="short real transfer with random thread counts; fit a profile",
                        description="Move real data of SRC to DEST for --duration seconds, drawing a random "
                                    "(read, net, write) thread triple every interval, and fit the simulator "
                                    "profile (per-thread throughput from bytes per busy thread-second, stage "
                                    "bandwidths, noise) to the engine's counters. Writes the profile YAML with the "
-                                   "raw samples.", epilog=EPILOG_EXIT)
-    e.add_argument("src")
-    e.add_argument("dest")
-    e.add_argument("--duration", type=float, default=30.0, metavar="SECONDS", help="exploration time (default 30 s)")
-    e.add_argument("-o", "--output", required=True, metavar="PROFILE.yaml")
-    e.add_argument("--seed", type=int, default=0)
+                                   "raw samples and each stage's confidence (samples used, spread, measured or "
+                                   "lower bound). A fit resting on too little evidence is an error (exit 14; "
+                                   "the profile goes to NAME.weak.yaml) unless --allow-weak-fit. If the data is "
+                                   "already at DEST, or runs out, further rounds copy it into a scratch "
+                                   "subdirectory of DEST that is removed afterwards.", epilog=EPILOG_EXIT)
+    e.add_argument("src", help="source directory or file (real data of the path to explore)")
+    e.add_argument("dest", help="local directory, or HOST:PORT[/SUBDIR] of a running `automdt receive`")
+    e.add_argument("--duration", type=A.seconds(), default=30.0, metavar="SECONDS",
+                   help="exploration time, at least 3 intervals (default 30 s)")
+    e.add_argument("-o", "--output", required=True, metavar="PROFILE.yaml", type=A.nonempty,
+                   help="profile file to write (.yaml, or .json)")
+    e.add_argument("--seed", type=A.integer(0), default=0, help="seed of the random thread counts (default 0)")
+    e.add_argument("--allow-weak-fit", action="store_true",
+                   help="write the profile to -o even when the fit rests on too little evidence (exit 0)")
     _add_engine_options(e)
+    _debug_option(e)
 
     tr = sub.add_parser("train", help="train a PPO policy offline in the simulator",
                         description="Train a PPO agent (stable-baselines3) in the buffer simulator configured by "
                                     "--profile (or on broadly randomised profiles without one). Writes the model zip, "
-                                    "a JSON sidecar, and a learning curve (CSV and PNG).", epilog=EPILOG_EXIT)
-    tr.add_argument("--profile", metavar="PROFILE.yaml", help="profile from `automdt explore` (default: random profiles)")
-    tr.add_argument("-o", "--output", required=True, metavar="POLICY.zip")
-    tr.add_argument("--timesteps", type=int, default=None, help="environment steps (default: until the target or the budget)")
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--target", type=float, default=0.95, help="stop once this fraction of the oracle is reached (default 0.95)")
-    tr.add_argument("--max-seconds", type=float, default=None, help="wall-time budget")
-    tr.add_argument("--k", type=float, default=1.02, help="utility base per thread (default 1.02)")
+                                    "a JSON sidecar, and a learning curve (CSV and PNG). Says so when the time "
+                                    "budget ends training before the target.", epilog=EPILOG_EXIT)
+    tr.add_argument("--profile", metavar="PROFILE.yaml", type=A.nonempty,
+                    help="profile from `automdt explore` (default: random profiles)")
+    tr.add_argument("-o", "--output", required=True, metavar="POLICY.zip", type=A.nonempty,
+                    help="policy file to write (.zip appended if missing), with POLICY.zip.json beside it")
+    tr.add_argument("--timesteps", type=A.integer(1), default=None, metavar="N",
+                    help="environment steps (default: until the target or the budget)")
+    tr.add_argument("--seed", type=A.integer(0), default=0, help="seed of everything random (default 0)")
+    tr.add_argument("--target", type=A.number(0.0, 1.0, lo_open=True, what="a fraction"), default=0.95, metavar="F",
+                    help="stop once this fraction of the oracle is reached, 0 < F <= 1 (default 0.95)")
+    tr.add_argument("--max-seconds", type=A.seconds(), default=None, metavar="SECONDS", help="wall-time budget")
+    tr.add_argument("--k", type=A.number(1.0, 2.0, what="a utility base"), default=1.02,
+                    help="utility base per thread, 1..2 (default 1.02)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
-    tr.add_argument("--tensorboard", metavar="DIR",
+    tr.add_argument("--tensorboard", metavar="DIR", type=A.nonempty,
                     help="write SB3's TensorBoard logs and the evaluations' fraction of the oracle to DIR/PPO_<n>")
+    _debug_option(tr)
 
     tu = sub.add_parser("tune", help="Optuna study over PPO and reward settings in the simulator (shared storage)",
                         description="Run trials of an Optuna study: each trains PPO in the simulator with sampled "
@@ -176,20 +250,51 @@ def build_parser() -> argparse.ArgumentParser:
     from automdt.experiments.sweeps import add_tune_arguments
 
     add_tune_arguments(tu)
+    _debug_option(tu)
 
     sm = sub.add_parser("simulate", help="evaluate a policy in the simulator against the oracle",
                         description="Run a policy (a trained zip, ppo for the shipped default, or a baseline: "
-                                    "static:R,N,W, globus, marlin, falcon, heuristic, model, oracle) in the simulator "
-                                    "on a profile and compare its utility with the oracle's.", epilog=EPILOG_EXIT)
-    sm.add_argument("--profile", required=True, metavar="PROFILE.yaml")
-    sm.add_argument("--policy", default="ppo", metavar="SPEC")
-    sm.add_argument("--steps", type=int, default=60)
-    sm.add_argument("--seed", type=int, default=0)
-    sm.add_argument("--k", type=float, default=1.02)
-    sm.add_argument("--json", action="store_true")
+                                    "static:R,N,W, globus, marlin, falcon, heuristic, model, oracle, "
+                                    "MODULE:FACTORY) in the simulator on a profile and compare its utility with "
+                                    "the oracle's.", epilog=EPILOG_EXIT)
+    sm.add_argument("--profile", required=True, metavar="PROFILE.yaml", type=A.nonempty,
+                    help="profile to simulate (from `automdt explore`)")
+    sm.add_argument("--policy", default="ppo", metavar="SPEC", type=A.nonempty,
+                    help="policy to evaluate (default ppo: the shipped policy); see `automdt transfer --help`")
+    sm.add_argument("--steps", type=A.integer(1, 1_000_000), default=60, metavar="N",
+                    help="control intervals to simulate (default 60)")
+    sm.add_argument("--seed", type=A.integer(0), default=0, help="seed of the simulator's noise (default 0)")
+    sm.add_argument("--k", type=A.number(1.0, 2.0, what="a utility base"), default=1.02,
+                    help="utility base per thread, 1..2 (default 1.02)")
+    sm.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    _debug_option(sm)
 
-    sub.add_parser("exit-codes", help="list the exit codes")
+    x = sub.add_parser("exit-codes", help="list the exit codes", description="List the exit codes.")
+    _debug_option(x)
     return p
+
+
+# ------------------------------------------------------------------------------ helpers
+def _out(text: str) -> None:
+    """Print to stdout; a reader that went away (``| head``) ends the output, not the command."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _policy_error(e: BaseException) -> AutomdtError:
+    return AutomdtError(str(e).splitlines()[0] if str(e) else type(e).__name__, errors.USAGE)
 
 
 def _resolve_policy(args, max_threads: int):
@@ -199,54 +304,81 @@ def _resolve_policy(args, max_threads: int):
         return None, parse_threads(args.threads)
     spec = args.policy or "ppo"
     if spec.startswith("static:"):
-        triple = parse_threads(spec[len("static:"):])
+        try:
+            triple = parse_threads(spec[len("static:"):])
+        except ValueError as e:
+            raise AutomdtError(f"--policy {spec}: {e}", errors.USAGE) from None
         return None, triple
+    if spec.strip().lower() == "oracle":
+        raise AutomdtError(ORACLE_ONLY_IN_SIMULATOR, errors.USAGE)
     try:
         from automdt.agents.registry import make_policy
     except ImportError:
         raise AutomdtError(f"policy {spec!r}: only static:R,N,W is available in this build", errors.USAGE) from None
     try:
         pol = make_policy(spec, max_threads=max_threads)
-    except (ValueError, FileNotFoundError, ImportError) as e:
-        raise AutomdtError(str(e).splitlines()[0], errors.USAGE) from None
+    except (ValueError, TypeError, OSError, ImportError, AttributeError) as e:
+        raise _policy_error(e) from None
     start = parse_threads(args.threads) if args.threads else (1, 1, 1)
     return pol, start
 
 
-def cmd_transfer(args) -> int:
-    from automdt.protocol import read_secret
-    from automdt.sender import TransferOptions, run_transfer
-    from automdt.units import parse_size
+def _check_policy(args) -> None:
+    """The --policy spec, checked before the lock and any work (loading it comes after the lock)."""
+    spec = getattr(args, "policy", None)
+    if spec is None:
+        return
+    if spec.strip().lower() == "oracle":
+        raise AutomdtError(ORACLE_ONLY_IN_SIMULATOR, errors.USAGE)
+    try:
+        from automdt.agents.registry import check_spec
+    except ImportError:
+        if not spec.startswith("static:"):
+            raise AutomdtError(f"policy {spec!r}: only static:R,N,W is available in this build", errors.USAGE) from None
+        return
+    try:
+        check_spec(spec)
+    except (ValueError, TypeError, ImportError, OSError) as e:
+        raise _policy_error(e) from None
 
-    from automdt.manifest import parse_shard
+
+def _transfer_options(args):
+    """TransferOptions from the command line, every value checked (exit 2), nothing started."""
+    from automdt.protocol import read_secret
+    from automdt.sender import TransferOptions, check_dest
+    from automdt.units import parse_size, parse_threads
 
     try:
-        shard = args.shard_parsed = parse_shard(args.shard) if args.shard is not None else None
-        if args.bwlimit:
-            if args.throttle.strip().startswith("@"):
+        shard = getattr(args, "shard", None)
+        args.shard_parsed = A.parse_shard_text(shard) if shard else None
+        spec = args.throttle
+        if getattr(args, "bwlimit", None):
+            if spec.strip().startswith("@"):
                 raise ValueError("--bwlimit cannot be combined with a throttle schedule (--throttle @FILE): "
                                  "put net.total= into the schedule's entries")
-            args.throttle = ",".join(x for x in (args.throttle, f"net.total={args.bwlimit}") if x)
-        policy, threads = _resolve_policy(args, args.max_threads)
-        explicit = threads if policy is not None and args.threads else None
-        throttle, schedule = _throttle_option(args)
+            spec = ",".join(x for x in (spec, f"net.total={args.bwlimit}") if x)
+        throttle, schedule = _throttle_option(spec)
         opts = TransferOptions(
-            policy=policy, threads=threads, memory=parse_size(args.memory, "memory"),
-            chunk_size=parse_size(args.chunk_size, "chunk size"), throttle=throttle, throttle_schedule=schedule,
-            secret=read_secret(args.secret_file) if args.secret_file else None, checksum=args.checksum,
-            interval_s=args.interval, max_threads=args.max_threads, log_path=args.log,
-            max_duration_s=args.max_duration, fsync=args.fsync, chunk_retries=args.chunk_retries,
-            timeout_s=args.timeout, sndbuf=parse_size(args.sndbuf, "sndbuf"), dry_run=args.dry_run,
-            retries=max(0, args.retries), retry_sleep_s=max(0.0, args.retries_sleep),
-            verify=args.verify, encrypt=args.encrypt, shard=shard, start_threads=explicit)
+            threads=parse_threads(args.threads) if args.threads else (4, 4, 4),
+            memory=parse_size(args.memory, "memory"), chunk_size=parse_size(args.chunk_size, "chunk size"),
+            throttle=throttle, throttle_schedule=schedule, interval_s=args.interval, max_threads=args.max_threads,
+            log_path=args.log, sndbuf=parse_size(args.sndbuf, "sndbuf"), encrypt=args.encrypt,
+            shard=args.shard_parsed)
+        check_dest(args.dest)
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
-    _check_options(opts)
-    transfer = _with_history(args, run_transfer)
-    if not args.metrics_file:
-        return _locked(args, lambda: _run_with_display(args, transfer, opts))
-    return _with_metrics_file(args, lambda: _locked(
-        args, lambda: _run_with_display(args, lambda o: _keep(args, transfer(o)), opts)))
+    if opts.memory < opts.chunk_size:
+        raise AutomdtError("--memory must be at least one chunk (--chunk-size)", errors.USAGE)
+    _check_memory(opts.memory)
+    if max(opts.threads) > opts.max_threads:
+        raise AutomdtError(f"--threads {args.threads} above --max-threads {opts.max_threads}", errors.USAGE)
+    if opts.encrypt and not args.secret_file:
+        raise AutomdtError("--encrypt needs --secret-file (the keys derive from the shared secret)", errors.USAGE)
+    if args.secret_file:
+        opts.secret = read_secret(args.secret_file)
+    if args.log:
+        A.check_append_file(args.log, "--log")
+    return opts
 
 
 def _with_history(args, run_transfer):
@@ -278,119 +410,180 @@ def _with_history(args, run_transfer):
     return run
 
 
-def _keep(args, summary):
-    args.final_summary = summary
-    return summary
-
-
-def _with_metrics_file(args, run) -> int:
-    """Run, then write ``--metrics-file`` whatever the outcome (a failed cron run is news too)."""
-    import time
-
-    from automdt.metrics import check_textfile_path, write_transfer_textfile
-
-    check_textfile_path(args.metrics_file)
-    t0 = time.monotonic()
-    labels = {"job_name": args.metrics_job or os.path.basename(os.path.normpath(os.path.abspath(args.src))),
-              "shard": args.shard or "", "dest": args.dest}
-    code = errors.ERROR
-    try:
-        code = run()
-        return code
-    except AutomdtError as e:
-        code = e.code
-        raise
-    except KeyboardInterrupt:
-        code = 130
-        raise
-    finally:
-        s = getattr(args, "final_summary", None)
-        write_transfer_textfile(args.metrics_file, s.as_dict() if s is not None else None, code, labels,
-                                seconds=time.monotonic() - t0)
-
-
-def _throttle_option(args):
+def _throttle_option(spec: str):
     """``--throttle SPEC`` or ``--throttle @FILE`` (a schedule): ``(limits, schedule or None)``."""
     from automdt.throttle import parse_throttle_option
 
-    return parse_throttle_option(args.throttle)
+    return parse_throttle_option(spec)
 
 
-def _locked(args, run):
-    if args.no_lock:
-        return run()
-    from automdt.lock import JobLock, default_lock_path
+def _check_memory(nbytes: int) -> None:
+    try:
+        import psutil
 
-    shard = getattr(args, "shard_parsed", None)
-    with JobLock(args.lock_file or default_lock_path(args.src, args.dest, shard), args.lock_wait):
-        return run()
+        total = psutil.virtual_memory().total
+    except Exception:  # no limit known
+        return
+    if 2 * nbytes > total:
+        from automdt.units import format_bytes
+
+        raise AutomdtError(f"--memory {format_bytes(nbytes)} per staging buffer (two of them) does not fit in "
+                           f"this machine's {format_bytes(total)}", errors.USAGE)
+
+
+def _check_summary_file(args) -> None:
+    if getattr(args, "summary_file", None):
+        A.check_output_file(args.summary_file, "--summary-file")
+
+
+class _Lock:
+    """The job lock (``--lock-file``/default), or nothing with ``--no-lock``."""
+
+    def __init__(self, args):
+        self.args = args
+        self.lock = None
+
+    def __enter__(self):
+        if self.args.no_lock:
+            return self
+        from automdt.lock import JobLock, default_lock_path
+
+        path = self.args.lock_file or default_lock_path(self.args.src, self.args.dest,
+                                                         getattr(self.args, "shard_parsed", None))
+        self.lock = JobLock(path, self.args.lock_wait).__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.lock is not None:
+            self.lock.__exit__(*exc)
+
+
+def cmd_transfer(args) -> int:
+    from automdt.sender import Summary, run_transfer
+
+    # (still in main's start-up shield: checking the options takes milliseconds)
+    opts = _transfer_options(args)
+    opts.checksum, opts.max_duration_s, opts.fsync = args.checksum, args.max_duration, args.fsync
+    opts.chunk_retries, opts.timeout_s, opts.dry_run = args.chunk_retries, args.timeout, args.dry_run
+    opts.retries, opts.retry_sleep_s, opts.verify = args.retries, args.retries_sleep, args.verify
+    if args.no_lock and args.lock_file:
+        raise AutomdtError("--no-lock and --lock-file contradict each other", errors.USAGE)
+    _check_policy(args)
+    _check_summary_file(args)
+    if args.metrics_file:
+        A.check_output_file(args.metrics_file, "--metrics-file")
+    t0 = time.monotonic()
+    # From here on the run always ends with a summary (--json, --summary-file), whatever ends it.
+    lock = _Lock(args)
+    try:
+        interrupts.ready()
+        with lock:
+            opts.policy, opts.threads = _resolve_policy(args, args.max_threads)
+            if opts.policy is not None and args.threads:
+                opts.start_threads = opts.threads  # explicit start counts win over the job's history
+            summary = _run_with_display(args, _with_history(args, run_transfer), opts)
+    except AutomdtError as e:
+        if e.code == errors.USAGE and lock.lock is None and not args.no_lock:
+            raise  # the lock file itself is unusable: a usage error, before anything started
+        summary = Summary(exit_code=e.code, errors=[e.message])
+        log.error("%s (exit %d)", e.message, e.code, extra=FILE_ONLY)  # stderr gets it from the summary
+    except Interrupted as e:
+        from automdt.sender import interrupted
+
+        summary = Summary(exit_code=e.code, errors=[interrupted(e.code)])
+    with interrupts.shielded():
+        _report(summary, args)
+        if args.metrics_file:
+            _write_metrics_file(args, summary, time.monotonic() - t0)
+    return summary.exit_code
+
+
+def _write_metrics_file(args, summary, seconds: float) -> None:
+    """``--metrics-file``: the run's figures for node_exporter, whatever the outcome (a failed cron
+    run is news too)."""
+    from automdt.metrics import write_transfer_textfile
+
+    labels = {"job_name": args.metrics_job or os.path.basename(os.path.normpath(os.path.abspath(args.src))),
+              "shard": args.shard or "", "dest": args.dest}
+    try:
+        write_transfer_textfile(args.metrics_file, summary.as_dict(), summary.exit_code, labels, seconds=seconds)
+    except OSError as e:
+        print(f"automdt: cannot write --metrics-file {args.metrics_file}: {e.strerror or e}", file=sys.stderr)
+
+
+def _run_with_display(args, run, opts):
+    show = sys.stdout.isatty() and not args.json and not args.quiet
+    if not show:
+        return run(opts)
+    from automdt.display import LiveProgress
+
+    with LiveProgress() as live:
+        opts.progress = live
+        return run(opts)
+
+
+def _report(summary, args) -> None:
+    """The summary: --summary-file (first: it must survive a closed stdout), --json, stderr, text."""
+    from automdt.units import format_bytes
+
+    d = summary.as_dict()
+    text = json.dumps(d)
+    if getattr(args, "summary_file", None):
+        A.save_result(args.summary_file, lambda p: A.write_atomic(p, text + "\n"), "summary", text)
+    if args.json:
+        _out(text)
+    if not (args.quiet and summary.exit_code in QUIET_CODES):
+        for e in summary.errors[:20]:
+            print(f"automdt: {e}", file=sys.stderr)
+        if len(summary.errors) > 20:
+            print(f"automdt: ... and {len(summary.errors) - 20} more errors (see --json or --summary-file)",
+                  file=sys.stderr)
+    if args.json or args.quiet:
+        return
+    if d.get("dry_run_files") is not None:
+        files = d["dry_run_files"]
+        for name in files:
+            _out(f"would send: {name}")
+        n = max(len(files), d["files_total"] - d["files_skipped"] - d["files_failed"])
+        what = f"would send {n} files ({format_bytes(d['bytes_to_send'])})" if n else "nothing to send"
+        listed = f", the first {len(files)} listed above" if len(files) < n else ""
+        _out(f"dry run: {what}{listed}; {d['files_skipped']} of {d['files_total']} files already complete, "
+             f"{d['files_failed']} failed; nothing changed; exit {d['exit_code']}")
+        return
+    rate = f"{format_bytes(d['bytes_per_second'])}/s"
+    _out(f"{d['files_transferred']} transferred, {d['files_skipped']} skipped, {d['files_failed']} failed; "
+         f"{format_bytes(d['bytes'])} in {d['seconds']:.2f} s ({rate}); exit {d['exit_code']}")
 
 
 def cmd_verify(args) -> int:
     from automdt.protocol import read_secret
-    from automdt.sender import TransferOptions, run_transfer
+    from automdt.sender import TransferOptions, check_dest, run_transfer
     from automdt.units import parse_size
 
     try:
+        check_dest(args.dest)
         opts = TransferOptions(verify_only=True, chunk_size=parse_size(args.chunk_size, "chunk size"),
-                               secret=read_secret(args.secret_file) if args.secret_file else None,
-                               encrypt=args.encrypt)
+                               encrypt=args.encrypt, timeout_s=args.timeout)
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
+    if args.encrypt and not args.secret_file:
+        raise AutomdtError("--encrypt needs --secret-file (the keys derive from the shared secret)", errors.USAGE)
+    if args.secret_file:
+        opts.secret = read_secret(args.secret_file)
     summary = run_transfer(args.src, args.dest, opts)
     d = summary.as_dict()
-    if args.json:
-        print(json.dumps({k: d.get(k) for k in ("files_total", "verified", "differences", "exit_code", "errors")}))
-    elif not args.quiet:
-        for line in d.get("differences") or []:
-            print(line)
-        print(f"{d.get('verified', 0)} of {d['files_total']} files identical; exit {d['exit_code']}")
+    with interrupts.shielded():
+        if args.json:
+            _out(json.dumps({k: d.get(k) for k in ("files_total", "verified", "differences", "unreadable",
+                                                   "exit_code", "errors")}))
+        elif not args.quiet:
+            for line in (d.get("differences") or []) + (d.get("unreadable") or []):
+                _out(line)
+            if summary.differences is None:  # it never got to compare: say why
+                for e in summary.errors[:20]:
+                    print(f"automdt: {e}", file=sys.stderr)
+            _out(f"{d.get('verified', 0)} of {d['files_total']} files identical; exit {d['exit_code']}")
     return summary.exit_code
-
-
-def _check_options(opts) -> None:
-    if opts.chunk_size < 4096 or opts.chunk_size > 64 << 20:
-        raise AutomdtError("--chunk-size must be between 4Ki and 64Mi", errors.USAGE)
-    if opts.memory < opts.chunk_size:
-        raise AutomdtError("--memory must be at least one chunk", errors.USAGE)
-    if opts.interval_s <= 0 or opts.max_threads < 1:
-        raise AutomdtError("--interval must be positive and --max-threads at least 1", errors.USAGE)
-    if max(opts.threads) > opts.max_threads:
-        raise AutomdtError(f"--threads {opts.threads} above --max-threads {opts.max_threads}", errors.USAGE)
-
-
-def _run_with_display(args, run, opts) -> int:
-    show = sys.stdout.isatty() and not args.json and not args.quiet
-    if show:
-        from automdt.display import LiveProgress
-
-        with LiveProgress() as live:
-            opts.progress = live
-            summary = run(opts)
-    else:
-        summary = run(opts)
-    _report(summary, args)
-    return summary.exit_code
-
-
-def _report(summary, args) -> None:
-    d = summary.as_dict()
-    if args.json:
-        print(json.dumps(d))
-    if getattr(args, "summary_file", None):
-        tmp = args.summary_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(d, f)
-            f.write("\n")
-        os.replace(tmp, args.summary_file)
-    for e in summary.errors[:20]:
-        print(f"automdt: {e}", file=sys.stderr)
-    if not args.json and not args.quiet:
-        from automdt.units import format_bytes
-
-        print(f"{d['files_transferred']} transferred, {d['files_skipped']} skipped, {d['files_failed']} failed; "
-              f"{format_bytes(d['bytes'])} in {d['seconds']:.2f} s "
-              f"({format_bytes(d['bytes_per_second'])}/s); exit {d['exit_code']}")
 
 
 def cmd_receive(args) -> int:
@@ -401,14 +594,11 @@ def cmd_receive(args) -> int:
     from automdt.receiver import ReceiverServer
     from automdt.units import parse_hostport, parse_size
 
-    try:
-        host, port = parse_hostport(args.listen)
-        max_memory = parse_size(args.max_memory, "memory")
-        metrics_at = parse_hostport(args.metrics) if args.metrics else None
-    except ValueError as e:
-        raise AutomdtError(str(e), errors.USAGE) from None
-    if args.max_sessions < 1:
-        raise AutomdtError("--max-sessions must be at least 1", errors.USAGE)
+    host, port = parse_hostport(args.listen)
+    max_memory = parse_size(args.max_memory, "memory")
+    metrics_at = parse_hostport(args.metrics) if args.metrics else None
+    if os.path.exists(args.root) and not os.path.isdir(args.root):
+        raise AutomdtError(f"--root {args.root}: not a directory", errors.USAGE)
     secret = read_secret(args.secret_file) if args.secret_file else None
     metrics = None
     if metrics_at is not None:
@@ -428,35 +618,59 @@ def cmd_receive(args) -> int:
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda *_: stop.set())
     if metrics is not None:
-        print(f"automdt: metrics on http://{metrics_at[0]}:{metrics_port}/metrics", file=sys.stderr, flush=True)
-    print(f"automdt: receiving into {os.path.abspath(args.root)} on {host}:{server.port}", file=sys.stderr, flush=True)
+        log.info("metrics on http://%s:%d/metrics", metrics_at[0], metrics_port)
+    log.info("receiving into %s on %s:%d", os.path.abspath(args.root), host, server.port)
     try:
         server.serve_forever(stop)
     finally:
         if metrics is not None:
             metrics.close()
+    log.info("stopped after %d sessions", server.sessions_total)
     return 0
 
 
 def cmd_demo(args) -> int:
+    import shutil
+
     from automdt.sender import TransferOptions, run_transfer
     from automdt.units import format_bytes, parse_size, parse_threads
 
-    src = os.path.join(args.dir, "src")
-    dst = os.path.join(args.dir, "dst")
+    base = args.dir
+    created = not os.path.exists(base)
+    src = os.path.join(base, "src")
+    dst = os.path.join(base, "dst")
     total = parse_size(args.size, "size")
-    made = make_sample_dataset(src, total)
-    print(f"sample dataset: {made[0]} files, {format_bytes(made[1])} in {src}; copying to {dst}")
+    try:
+        os.makedirs(base, exist_ok=True)
+    except OSError as e:
+        raise AutomdtError(f"--dir {base}: cannot create: {e.strerror}", errors.USAGE) from None
     args.json, args.quiet = False, False
-    if args.threads:
-        opts = TransferOptions(threads=parse_threads(args.threads))
-    else:
-        args.policy = None
-        policy, threads = _resolve_policy(args, 32)
-        opts = TransferOptions(policy=policy, threads=threads)
-    code = _run_with_display(args, lambda o: run_transfer(src, dst, o), opts)
-    if code == 0:
-        print(f"check it yourself: diff -r {src} {dst}")
+    try:
+        made = make_sample_dataset(src, total)
+        _out(f"sample dataset: {made[0]} files, {format_bytes(made[1])} in {src}; copying to {dst}")
+        if args.threads:
+            opts = TransferOptions(threads=parse_threads(args.threads))
+        else:
+            args.policy = None
+            policy, threads = _resolve_policy(args, 32)
+            opts = TransferOptions(policy=policy, threads=threads)
+        summary = _run_with_display(args, lambda o: run_transfer(src, dst, o), opts)
+        with interrupts.shielded():
+            _report(summary, args)
+        code = summary.exit_code
+        if code == 0:
+            check = run_transfer(src, dst, TransferOptions(verify_only=True))
+            code = check.exit_code
+            _out(f"verified: {check.verified} of {check.files_total} files identical by content digest"
+                 if code == 0 else f"verify: {'; '.join(check.errors[:3])}")
+    finally:
+        if not args.keep:
+            with interrupts.shielded():
+                for p in ((base,) if created else (src, dst)):
+                    shutil.rmtree(p, ignore_errors=True)
+                _out(f"removed {base if created else src + ' and ' + dst} (--keep keeps them)")
+    if args.keep:
+        _out(f"kept: compare them yourself with diff -r {src} {dst}")
     return code
 
 
@@ -514,50 +728,70 @@ def _load_profile(path: str):
         return Profile.load(path)
     except FileNotFoundError:
         raise AutomdtError(f"{path}: profile not found", errors.USAGE) from None
-    except ProfileError as e:
-        raise AutomdtError(str(e), errors.USAGE) from None
+    except IsADirectoryError:
+        raise AutomdtError(f"{path}: is a directory, not a profile", errors.USAGE) from None
+    except PermissionError:
+        raise AutomdtError(f"{path}: profile not readable", errors.USAGE) from None
+    except (ProfileError, UnicodeDecodeError) as e:
+        raise AutomdtError(f"{path}: {str(e).splitlines()[0]}", errors.USAGE) from None
+
+
+def _weak_path(path: str) -> str:
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.weak{ext or '.yaml'}"
 
 
 def cmd_explore(args) -> int:
-    from automdt.explore import explore
-    from automdt.protocol import read_secret
-    from automdt.sender import TransferOptions
-    from automdt.units import format_bytes, parse_size
+    from automdt.units import format_bytes
 
-    try:
-        throttle, schedule = _throttle_option(args)
-        opts = TransferOptions(
-            memory=parse_size(args.memory, "memory"), chunk_size=parse_size(args.chunk_size, "chunk size"),
-            throttle=throttle, throttle_schedule=schedule, secret=read_secret(args.secret_file) if args.secret_file else None,
-            interval_s=args.interval, max_threads=args.max_threads, log_path=args.log,
-            sndbuf=parse_size(args.sndbuf, "sndbuf"), encrypt=args.encrypt)
-    except ValueError as e:
-        raise AutomdtError(str(e), errors.USAGE) from None
+    opts = _transfer_options(args)
     if args.duration < 3 * args.interval:
-        raise AutomdtError("--duration must cover at least 3 intervals", errors.USAGE)
+        raise AutomdtError("--duration must cover at least 3 intervals (--interval)", errors.USAGE)
+    A.check_output_file(args.output, "-o")
+    from automdt.explore import explore, stage_report, weak_fit
+
     res = explore(args.src, args.dest, args.duration, opts, seed=args.seed)
     prof = res["profile"]
-    prof.save(args.output)
-    out = {"profile": args.output, "intervals": len(res["samples"]), "seconds": round(res["seconds"], 1),
-           "stages": {n: {"tpt": st.tpt, "bandwidth": st.bandwidth, "tpt_spread": st.tpt_spread,
-                          "bandwidth_spread": st.bandwidth_spread} for n, st in zip(("read", "net", "write"), prof.stages)}}
+    reasons = weak_fit(prof, res)
+    target = args.output if not reasons or args.allow_weak_fit else _weak_path(args.output)
+    with interrupts.shielded():
+        where = A.save_result(target, prof.save, "profile")
+    stages = stage_report(prof)
+    out = {"profile": where, "intervals": len(res["samples"]), "seconds": round(res["seconds"], 1),
+           "rounds": res["rounds"], "weak_fit": reasons, "stages": stages}
     if args.json:
-        print(json.dumps(out))
+        _out(json.dumps(out))
     elif not args.quiet:
-        print(f"profile written to {args.output} from {out['intervals']} intervals in {out['seconds']} s")
-        for n, st in zip(("read", "net", "write"), prof.stages):
-            print(f"  {n:5s}  per thread {format_bytes(st.tpt)}/s (±{st.tpt_spread:.0%})   "
-                  f"stage {format_bytes(st.bandwidth)}/s (±{st.bandwidth_spread:.0%})")
+        _out(f"profile written to {where} from {out['intervals']} intervals in {out['seconds']} s")
+        for name, st in stages.items():
+            _out(f"  {name:5s}  per thread {_estimate(st, 'tpt', format_bytes)}   "
+                 f"stage {_estimate(st, 'bandwidth', format_bytes)}")
+    if reasons:
+        why = "; ".join(reasons)
+        if args.allow_weak_fit:
+            print(f"automdt: weak fit (written anyway, --allow-weak-fit): {why}", file=sys.stderr)
+        else:
+            raise AutomdtError(f"weak fit, not written to {args.output}: {why}; the profile is in {where}; "
+                               "explore longer or with more data, or accept it with --allow-weak-fit",
+                               errors.WEAK_FIT)
     return 0
+
+
+def _estimate(st: dict, key: str, fmt) -> str:
+    value = f"{fmt(st[key])}/s"
+    if st[f"{key}_measured"]:
+        return f"{value} (±{st[f'{key}_spread']:.0%}, {st['samples_used']} samples)"
+    return f">= {value} (lower bound{', ' + str(st['samples_used']) + ' samples' if key == 'tpt' else ''})"
 
 
 def cmd_train(args) -> int:
     profile = _load_profile(args.profile) if args.profile else None
-    from automdt.agents.training import train
-
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(out_dir):
-        raise AutomdtError(f"{out_dir}: output directory does not exist", errors.USAGE)
+    if os.path.isdir(args.output):
+        raise AutomdtError(f"-o {args.output}: is a directory (name the policy file, e.g. {args.output.rstrip('/')}/policy.zip)",
+                           errors.USAGE)
+    out = args.output if args.output.endswith(".zip") else args.output + ".zip"
+    for path, what in ((out, "-o"), (out + ".json", "-o (sidecar)")):
+        A.check_output_file(path, what)
     if args.tensorboard:
         try:
             import tensorboard  # noqa: F401  (SB3 writes through torch's SummaryWriter, which needs it)
@@ -568,15 +802,25 @@ def cmd_train(args) -> int:
             os.makedirs(args.tensorboard, exist_ok=True)
         except OSError as e:
             raise AutomdtError(f"--tensorboard {args.tensorboard}: {e.strerror}", errors.USAGE) from None
-    rep = train(profile, args.output, timesteps=args.timesteps, seed=args.seed, k=args.k,
+    from automdt.agents.training import train
+
+    rep = train(profile, out, timesteps=args.timesteps, seed=args.seed, k=args.k,
                 random_profiles=profile is None, progress=not args.no_progress and sys.stderr.isatty(),
                 target_fraction=args.target, max_seconds=args.max_seconds, tensorboard_log=args.tensorboard)
-    print(f"policy written to {rep.model_path} ({rep.timesteps} steps in {rep.wall_s:.0f} s); "
-          f"{rep.fraction_of_oracle:.1%} of the oracle's utility; curve {rep.curve_png}")
+    _out(f"policy written to {rep.model_path} ({rep.timesteps} steps in {rep.wall_s:.0f} s); "
+         f"{rep.fraction_of_oracle:.1%} of the oracle's utility; curve {rep.curve_png}")
+    if not rep.reached_target:
+        why = (f"--max-seconds {args.max_seconds:g} ran out" if rep.stop_reason == "max_seconds" else
+               "the step budget (--timesteps) ran out" if rep.stop_reason == "timesteps" else str(rep.stop_reason))
+        print(f"automdt: target missed: {rep.fraction_of_oracle:.3f} of the oracle, below --target {args.target:g} "
+              f"({why}); the policy is written, train longer for a better one", file=sys.stderr)
+        _out(f"target {args.target:g} NOT reached ({rep.fraction_of_oracle:.3f}; {why})")
     return 0
 
 
 def cmd_simulate(args) -> int:
+    if args.policy.strip().lower() != "oracle":
+        _check_policy(args)
     profile = _load_profile(args.profile)
     from automdt.agents.registry import make_policy
     from automdt.simulator.oracle import evaluate_policy_in_sim, oracle
@@ -584,8 +828,8 @@ def cmd_simulate(args) -> int:
     kw = {"profile": profile} if args.policy.strip().lower() == "oracle" else {}
     try:
         pol = make_policy(args.policy, max_threads=profile.max_threads, **kw)
-    except (ValueError, ImportError, FileNotFoundError) as e:
-        raise AutomdtError(str(e).splitlines()[0], errors.USAGE) from None
+    except (ValueError, TypeError, OSError, ImportError, AttributeError) as e:
+        raise _policy_error(e) from None
     traj = evaluate_policy_in_sim(pol, profile, steps=args.steps, seed=args.seed, k=args.k)
     orc = oracle(profile, args.k)
     out = {"policy": getattr(pol, "name", args.policy), "fraction_of_oracle": round(float(traj.fraction_of_oracle), 4),
@@ -593,10 +837,10 @@ def cmd_simulate(args) -> int:
            "oracle_utility": round(float(orc.utility), 4), "oracle_throughput_bps": float(orc.throughput_bps),
            "policy_throughput_bps": round(float(traj.mean_throughput_bps), 1), "steps": args.steps, "seed": args.seed}
     if args.json:
-        print(json.dumps(out))
+        _out(json.dumps(out))
     else:
-        print(f"{out['policy']}: {out['fraction_of_oracle']:.1%} of the oracle; settles on {out['policy_threads']} "
-              f"(oracle {out['oracle_threads']})")
+        _out(f"{out['policy']}: {out['fraction_of_oracle']:.1%} of the oracle; settles on {out['policy_threads']} "
+             f"(oracle {out['oracle_threads']})")
     return 0
 
 
@@ -609,7 +853,7 @@ def cmd_tune(args) -> int:
 
 def cmd_exit_codes(args) -> int:
     for code, meaning in sorted(errors.EXIT_CODES.items()):
-        print(f"{code:>4}  {meaning}")
+        _out(f"{code:>4}  {meaning}")
     return 0
 
 
@@ -617,46 +861,107 @@ COMMANDS = {"transfer": cmd_transfer, "verify": cmd_verify, "receive": cmd_recei
             "train": cmd_train, "simulate": cmd_simulate, "tune": cmd_tune, "exit-codes": cmd_exit_codes}
 
 
+class _Logging:
+    """stderr (and --log-file) logging for one command; undone afterwards (``main`` may be called
+    more than once in a process)."""
+
+    def __init__(self, args):
+        self.args = args
+        self.handlers: List[logging.Handler] = []
+        self.root = logging.getLogger()
+        self.level = self.root.level
+
+    def __enter__(self) -> "_Logging":
+        a = self.args
+        daemon = a.command == "receive"
+        console = logging.StreamHandler(sys.stderr)
+        fmt = "%(asctime)s automdt: %(message)s" if daemon else "automdt: %(message)s"
+        console.setFormatter(logging.Formatter(fmt))
+        quiet = getattr(a, "quiet", False)
+        console.setLevel(logging.DEBUG if a.debug else logging.ERROR if quiet else
+                         logging.INFO if daemon else logging.WARNING)
+        console.addFilter(lambda record: not getattr(record, "file_only", False))
+        self.handlers.append(console)
+        if getattr(a, "log_file", None):
+            from logging.handlers import WatchedFileHandler
+
+            A.check_append_file(a.log_file, "--log-file")
+            try:
+                h = WatchedFileHandler(a.log_file)
+            except OSError as e:
+                raise AutomdtError(f"--log-file {a.log_file}: {e.strerror}", errors.USAGE) from None
+            h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            h.setLevel(logging.DEBUG if a.debug else logging.INFO)
+            self.handlers.append(h)
+            self.file_handler = h
+        for h in self.handlers:
+            self.root.addHandler(h)
+        self.root.setLevel(logging.DEBUG if a.debug else logging.INFO)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self.handlers:
+            self.root.removeHandler(h)
+            h.close()
+        self.root.setLevel(self.level)
+
+    def to_file(self, level: int, message: str) -> None:
+        h = getattr(self, "file_handler", None)
+        if h is not None:
+            h.handle(logging.makeLogRecord({"name": "automdt", "levelno": level,
+                                            "levelname": logging.getLevelName(level), "msg": message}))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                        format="automdt: %(message)s", stream=sys.stderr)
-    file_handler = None
-    if getattr(args, "log_file", None):
-        from logging.handlers import WatchedFileHandler
+    # a signal during the start-up is acted on once the command can report it (interrupts.ready)
+    with interrupts.handling(start_shielded=True, process_exit=argv is None):
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help, --version, or a usage error (already printed, one line)
+            return e.code if isinstance(e.code, int) else errors.USAGE
+        except Interrupted as e:
+            return e.code
+        args.debug = bool(getattr(args, "debug", False))
+        if args.command is None:
+            parser.print_help()
+            return errors.USAGE
+        return _run_command(args)
 
-        h = WatchedFileHandler(args.log_file)
-        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        h.setLevel(logging.INFO)
-        logging.getLogger().addHandler(h)
-        file_handler = h
-        logging.getLogger().setLevel(logging.DEBUG if args.debug else logging.INFO)
-        for handler in logging.getLogger().handlers:
-            if handler is not h and not args.debug:
-                handler.setLevel(logging.WARNING)
-    if args.command is None:
-        parser.print_help()
-        return errors.USAGE
+
+def _run_command(args) -> int:
+    logs = None
     try:
+        logs = _Logging(args).__enter__()
+        if args.command != "transfer":  # (transfer acts on it where it can still write its summary)
+            interrupts.ready()
         code = COMMANDS[args.command](args)
-        if file_handler is not None:
-            log.log(logging.INFO if code == 0 else logging.WARNING, "%s finished with exit code %d", args.command, code)
+        logs.to_file(logging.INFO if code == 0 else logging.WARNING, f"{args.command} finished with exit code {code}")
         return code
     except AutomdtError as e:
-        print(f"automdt: {e.message}", file=sys.stderr)
-        if file_handler is not None:
-            file_handler.handle(logging.makeLogRecord({"name": "automdt", "levelno": logging.ERROR,
-                                                       "levelname": "ERROR", "msg": f"{e.message} (exit {e.code})"}))
+        if not (getattr(args, "quiet", False) and e.code in QUIET_CODES):
+            print(f"automdt: {e.message}", file=sys.stderr)
+        if logs is not None:
+            logs.to_file(logging.ERROR, f"{e.message} (exit {e.code})")
         return e.code
-    except KeyboardInterrupt:
+    except Interrupted as e:
         print("automdt: interrupted", file=sys.stderr)
-        return 130
+        if logs is not None:
+            logs.to_file(logging.WARNING, f"interrupted (exit {e.code})")
+        return e.code
+    except BrokenPipeError:
+        _silence_stdout()
+        print("automdt: output closed early (broken pipe)", file=sys.stderr)
+        return errors.ERROR
     except Exception as e:  # a bug: still one line unless --debug
         if args.debug:
             raise
         print(f"automdt: internal error: {type(e).__name__}: {e} (re-run with --debug for details)", file=sys.stderr)
         return errors.ERROR
+    finally:
+        if logs is not None:
+            with interrupts.shielded():
+                logs.__exit__(None, None, None)
 
 
 if __name__ == "__main__":

@@ -98,11 +98,14 @@ class Controller:
         return (time.monotonic() if now is None else now) - self._last_t >= self.interval_s
 
     def tick(self, sender_stats: Any, receiver_stats: Dict[str, Any], now: Optional[float] = None,
-             loss: Optional[float] = None) -> Optional[Dict[str, Any]]:
+             loss: Optional[float] = None, final: bool = False) -> Optional[Dict[str, Any]]:
         """Called often; acts once an interval has passed. Returns the interval record if it acted.
 
         ``loss`` overrides the network loss ratio, which is otherwise the share of TCP segments
-        the data connections retransmitted in the interval (the sender's TCP_INFO counters)."""
+        the data connections retransmitted in the interval (the sender's TCP_INFO counters).
+        ``final``: the run ended; the partial interval since the last record goes to the log file
+        only (``"final": true``; the policy is not asked, :attr:`history` keeps whole intervals),
+        so the log covers the whole run even when its end moved faster than one interval."""
         tcp = (int(getattr(sender_stats, "tcp_segs_out", 0)), int(getattr(sender_stats, "tcp_retrans", 0)))
         now = time.monotonic() if now is None else now
         read_b = _stage(sender_stats, "read")["bytes"]
@@ -116,7 +119,7 @@ class Controller:
             self._last_tcp = tcp
             return None
         dt = now - self._last_t
-        if dt < self.interval_s:
+        if dt < (0.05 if final else self.interval_s):
             return None
         moved = (read_b - self._last[0], net_b - self._last[1], write_b - self._last[2])
         tput = tuple(b / dt for b in moved)
@@ -134,7 +137,7 @@ class Controller:
                           max_threads=self.max_threads, loss=loss,
                           buffer_bytes=(int(sbuf.get("capacity_bytes", 0)), int(rbuf.get("capacity_bytes", 0))),
                           busy_s=busy_s, wait_s=wait_s)
-        new = clamp_triple(self.policy.act(obs), self.limit)
+        new = self.threads if final else clamp_triple(self.policy.act(obs), self.limit)
         record = {
             "t": round(now - self.t0, 3),
             "threads": dict(zip(("read", "net", "write"), self.threads)),
@@ -152,11 +155,14 @@ class Controller:
             "interval_s": round(dt, 4),
         }
         record.update(self.annotations)
+        if final:
+            record["final"] = True
         if new != self.threads:
             self.apply(new)
             self.threads = new
-        self.history.append(record)
-        self.last_record = record
+        if not final:
+            self.history.append(record)
+            self.last_record = record
         if self.log_file is not None:
             self.log_file.write(json.dumps(record) + "\n")
             self.log_file.flush()

@@ -21,7 +21,7 @@ NETWORK = 5
 FILES_FAILED = 6
 """Some files failed with a non-retryable error (permissions, refused names)."""
 FATAL = 7
-"""Fatal: destination full or over quota, authentication rejected."""
+"""Fatal: destination full or over quota, authentication rejected, ``--encrypt`` differs between the ends."""
 MAX_DURATION = 10
 """``--max-duration`` reached; the next run resumes."""
 INTEGRITY = 11
@@ -30,6 +30,8 @@ SOURCE_CHANGED = 12
 """A source file changed or vanished while it was read; re-run to pick up the new content."""
 LOCK_BUSY = 13
 """Another run holds the lock."""
+WEAK_FIT = 14
+"""``explore``: the fitted profile rests on too little evidence (``--allow-weak-fit`` accepts it)."""
 INTERRUPTED = 130
 """SIGINT (143 for SIGTERM): stopped after the journal was flushed; re-run to resume."""
 
@@ -41,11 +43,12 @@ EXIT_CODES = {
     FILE_NOT_FOUND: "source file not found",
     NETWORK: "receiver unreachable or connection lost; safe to re-run (resumes)",
     FILES_FAILED: "some files failed (permissions, refused names); others completed",
-    FATAL: "fatal: destination full, or authentication rejected",
+    FATAL: "fatal: destination full, authentication rejected, or --encrypt differs between the ends",
     MAX_DURATION: "--max-duration reached; the next run resumes",
     INTEGRITY: "integrity failure persisted after re-sends; nothing renamed into place",
     SOURCE_CHANGED: "a source file changed or vanished during the transfer",
     LOCK_BUSY: "another run holds the lock",
+    WEAK_FIT: "explore: too little evidence for the profile (written as NAME.weak.yaml; --allow-weak-fit)",
     130: "interrupted by SIGINT (journal flushed; re-run resumes)",
     143: "terminated by SIGTERM (journal flushed; re-run resumes)",
 }
@@ -61,6 +64,15 @@ def worst(codes) -> int:
         if c in codes:
             return c
     return max(codes) if codes else OK
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived (``code`` 130 or 143). A :class:`KeyboardInterrupt`, so no
+    ``except Exception`` on the way swallows it."""
+
+    def __init__(self, code: int = INTERRUPTED):
+        super().__init__(code)
+        self.code = code
 
 
 class AutomdtError(Exception):

@@ -10,8 +10,10 @@ time separately, so a thread blocked on a full or empty buffer does not dilute t
 stage bandwidth from the highest stage throughputs. A stage that never limited the path gets
 lower bounds, flagged in the profile's ``meta["fit"]``.
 
-Exploration moves the real dataset to DEST. If the dataset is exhausted before ``duration`` and
-DEST is local, further rounds copy it again into a scratch directory that is removed at the end.
+Exploration moves the real dataset to DEST. If the dataset is exhausted before ``duration`` (or was
+there already), further rounds copy it again into a scratch directory that is removed at the end:
+locally by this process, on a remote receiver by the receiver itself when each round's session
+closes (``"scratch": true`` in ``open``, ``automdt/PROTOCOL.md``).
 """
 from __future__ import annotations
 
@@ -25,13 +27,13 @@ import time
 from dataclasses import replace
 from typing import Any, Dict, List, Optional
 
-from automdt import errors
-from automdt.errors import AutomdtError
+from automdt import errors, interrupts
+from automdt.errors import AutomdtError, Interrupted
+from automdt.paths import SCRATCH_PREFIX as SCRATCH
 from automdt.sender import TransferOptions, parse_dest, run_transfer
 
 log = logging.getLogger(__name__)
 
-SCRATCH = ".automdt-explore-scratch"
 MIN_BUSY_FRACTION = 0.2
 
 
@@ -147,10 +149,15 @@ def record_to_sample(rec: Dict[str, Any], prev: Optional[Dict[str, Any]] = None,
 
 def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed: int = 0,
             samples_path: Optional[str] = None) -> Dict[str, Any]:
-    """Run exploration; return ``{"profile": Profile, "samples": [...], "summary": ...}``."""
-    from automdt.simulator.fit import fit_profile
+    """Run exploration; return ``{"profile": Profile, "samples": [...], "weak_fit": [...], ...}``.
 
-    remote, _ = parse_dest(dest)
+    The profile's ``meta["fit"]`` also holds each stage's ``confidence``
+    (:func:`automdt.simulator.fit.stage_confidence`) and ``weak`` (the reasons the fit cannot be
+    stood behind, :func:`weak_fit`; empty when it can).
+    """
+    from automdt.simulator.fit import fit_profile, stage_confidence
+
+    remote, where = parse_dest(dest)
     explorer = RandomExplorer(seed)
     records: List[List[Dict[str, Any]]] = []
     t0 = time.monotonic()
@@ -164,29 +171,38 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
             left = duration_s - (time.monotonic() - t0)
             if left < 2 * opts.interval_s:
                 break
-            target = dest if rounds == 0 else (os.path.join(scratch, f"round{rounds}") if scratch else None)
-            if target is None:
-                log.warning("dataset exhausted after %.0f s; exploration stops early (remote destination)",
-                            time.monotonic() - t0)
-                break
             o = replace(opts, policy=explorer, max_duration_s=left)
+            if rounds == 0:
+                target = dest
+            elif scratch is not None:
+                target = os.path.join(scratch, f"round{rounds}")
+            else:
+                # the data is already there, or all of it went: copy it again into a scratch
+                # subdirectory the receiver empties first and removes when the session closes
+                target = f"{remote[0] if ':' not in remote[0] else '[' + remote[0] + ']'}:{remote[1]}/" + \
+                    "/".join(x for x in (where, f"{SCRATCH}-{rounds}") if x)
+                o = replace(o, scratch=True)
             summary = run_transfer(src, target, o)
             summaries.append(summary)
             hist = getattr(summary, "history", None) or []
             records.append([r for r in hist])
             rounds += 1
+            if summary.exit_code in (130, 143):
+                raise Interrupted(summary.exit_code)
             if summary.exit_code not in (errors.OK, errors.MAX_DURATION):
                 raise AutomdtError("exploration transfer failed: " + "; ".join(summary.errors[:3]), summary.exit_code)
             if summary.exit_code == errors.MAX_DURATION or summary.bytes_to_send == 0 and rounds > 1:
                 break
     finally:
         if scratch and os.path.isdir(scratch):
-            shutil.rmtree(scratch, ignore_errors=True)
+            with interrupts.shielded():
+                shutil.rmtree(scratch, ignore_errors=True)
+    seconds = time.monotonic() - t0
     samples = [record_to_sample(r, rnd[j - 1] if j else None, opts.chunk_size)
                for rnd in records for j, r in enumerate(rnd)]
     if len(samples) < 3:
-        raise AutomdtError(f"exploration gathered only {len(samples)} intervals; use a larger dataset or a longer "
-                           "--duration", errors.USAGE)
+        raise AutomdtError(f"exploration gathered only {len(samples)} intervals in {seconds:.0f} s (a profile "
+                           "needs at least 10): use a larger dataset or a longer --duration", errors.WEAK_FIT)
     if samples_path:
         with open(samples_path, "w") as f:
             for s in samples:
@@ -195,5 +211,29 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
     profile = fit_profile(samples, interval_s=opts.interval_s, buffers=buffers, max_threads=opts.max_threads)
     # the chunk size the path was explored with: the simulator shows its chunk effects (training)
     profile = profile.replace(meta=dict(profile.meta, chunk_bytes=int(opts.chunk_size)))
-    return {"profile": profile, "samples": samples, "rounds": rounds,
-            "seconds": time.monotonic() - t0, "summaries": summaries}
+    res = {"profile": profile, "samples": samples, "rounds": rounds, "seconds": seconds, "duration_s": duration_s,
+           "summaries": summaries}
+    fit = profile.meta.setdefault("fit", {})
+    fit["confidence"] = stage_confidence(profile)
+    fit["weak"] = res["weak_fit"] = weak_fit(profile, res)
+    fit["explored_s"] = round(seconds, 1)
+    return res
+
+
+def weak_fit(profile, res: Dict[str, Any]) -> List[str]:
+    """Why an exploration's profile cannot be stood behind: the fit's own reasons
+    (:func:`automdt.simulator.fit.weak_fit_reasons`) and an exploration that ended before half of
+    its ``--duration``."""
+    from automdt.simulator.fit import weak_fit_reasons
+
+    reasons = weak_fit_reasons(profile)
+    if res["seconds"] < 0.5 * res["duration_s"]:
+        reasons.append(f"the exploration ended after {res['seconds']:.0f} s of the {res['duration_s']:.0f} s asked for")
+    return reasons
+
+
+def stage_report(profile) -> Dict[str, Dict[str, Any]]:
+    """Per stage: value, spread, samples used, measured or lower bound (what explore prints)."""
+    from automdt.simulator.fit import stage_confidence
+
+    return stage_confidence(profile)

@@ -5,12 +5,18 @@ import errno
 import fcntl
 import hashlib
 import os
+import stat
 import tempfile
 import time
 from typing import Optional, Tuple
 
 from automdt import errors
 from automdt.errors import AutomdtError
+
+
+LOCK_DIR = "automdt-locks"
+"""Name of the default lock directory: never ``automdt``, which a Python session started in its
+parent directory would import as a namespace package shadowing the real one."""
 
 
 def job_key(src: str, dest: str, shard: Optional[Tuple[int, int]] = None) -> str:
@@ -23,10 +29,25 @@ def job_key(src: str, dest: str, shard: Optional[Tuple[int, int]] = None) -> str
 
 
 def default_lock_path(src: str, dest: str, shard: Optional[Tuple[int, int]] = None) -> str:
-    """``$XDG_RUNTIME_DIR/automdt/<job_key>.lock`` (falls back to the temp dir)."""
+    """``$XDG_RUNTIME_DIR/automdt-locks/<job_key>.lock``, or without ``XDG_RUNTIME_DIR``
+    ``<temp dir>/automdt-locks-<uid>/...`` (one directory per user, mode 700)."""
     key = job_key(src, dest, shard)
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return os.path.join(base, "automdt", f"{key}.lock")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = os.path.join(runtime, LOCK_DIR) if runtime else os.path.join(tempfile.gettempdir(), f"{LOCK_DIR}-{os.geteuid()}")
+    return os.path.join(base, f"{key}.lock")
+
+
+def _lock_dir(path: str) -> None:
+    """Create the lock's directory (mode 700) if missing; refuse one that another user could
+    swap the lock in (a symlink, or not ours and writable by others)."""
+    d = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        st = os.lstat(d)
+    except OSError as e:
+        raise AutomdtError(f"{path}: cannot create the lock directory: {e.strerror}", errors.USAGE) from None
+    if stat.S_ISLNK(st.st_mode) or (st.st_uid != os.geteuid() and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+        raise AutomdtError(f"{d}: lock directory is a symlink or writable by others; use --lock-file", errors.USAGE)
 
 
 class JobLock:
@@ -42,8 +63,11 @@ class JobLock:
         self.fd: Optional[int] = None
 
     def __enter__(self) -> "JobLock":
-        os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        _lock_dir(self.path)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise AutomdtError(f"{self.path}: cannot open the lock file: {e.strerror}", errors.USAGE) from None
         deadline = time.monotonic() + self.wait_s
         while True:
             try:

@@ -1,10 +1,11 @@
 """The list of what a transfer moves: scanning the source tree on the sender."""
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from automdt import errors
@@ -50,18 +51,42 @@ class Manifest:
     files: List[FileEntry]
     dirs: List[str]
     skipped: List[Tuple[str, str]]
-    """(path, reason) of entries not transferred: symlinks, sockets, devices, unreadable."""
+    """(path, reason) of entries deliberately not transferred: symlinks, sockets, devices."""
+    unreadable: List[Tuple[str, str, int]] = field(default_factory=list)
+    """(path, reason, exit code) of entries that could not be read: a directory that cannot be
+    listed, an entry that cannot be stat'ed, an empty file that cannot be opened (exit 6), one
+    that vanished during the scan (exit 12). Every one is an error of the run."""
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
 
+def _why(e: OSError) -> str:
+    return (e.strerror or str(e)).lower()
+
+
+def _unreadable_code(e: OSError) -> int:
+    return errors.SOURCE_CHANGED if e.errno in (errno.ENOENT, errno.ESTALE) else errors.FILES_FAILED
+
+
+def _empty_file_readable(path: str) -> Optional[OSError]:
+    """An empty file is never read by the engine (the receiver creates it from the listing), so
+    check here that the sender could read it; ``None`` if it can."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        return e
+    os.close(fd)
+    return None
+
+
 def scan(src: str) -> Manifest:
     """Scan ``src`` (a directory, whose contents are transferred, or a single file).
 
     Symlinks and special files are skipped and listed in ``skipped`` (no symlink is ever
-    created on the destination). Raises :class:`AutomdtError` when ``src`` is missing.
+    created on the destination); what cannot be read is listed in ``unreadable``. Raises
+    :class:`AutomdtError` when ``src`` itself is missing or unreadable.
     """
     try:
         st = os.stat(src)
@@ -69,33 +94,47 @@ def scan(src: str) -> Manifest:
         raise AutomdtError(f"{src}: source not found", errors.DIR_NOT_FOUND) from None
     except PermissionError:
         raise AutomdtError(f"{src}: permission denied", errors.FILES_FAILED) from None
+    except OSError as e:
+        raise AutomdtError(f"{src}: {_why(e)}", errors.FILES_FAILED) from None
     files: List[FileEntry] = []
     dirs: List[str] = []
     skipped: List[Tuple[str, str]] = []
+    unreadable: List[Tuple[str, str, int]] = []
     if stat.S_ISREG(st.st_mode):
         name = os.path.basename(os.path.abspath(src))
+        if st.st_size == 0:
+            err = _empty_file_readable(src)
+            if err is not None:
+                raise AutomdtError(f"{src}: {_why(err)}", errors.FILES_FAILED)
         files.append(FileEntry(0, name, os.path.abspath(src), st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode) & 0o777,
                                source_id=f"{st.st_dev}:{st.st_ino}"))
-        return Manifest(files, dirs, skipped)
+        return Manifest(files, dirs, skipped, unreadable)
     if not stat.S_ISDIR(st.st_mode):
         raise AutomdtError(f"{src}: not a regular file or directory", errors.USAGE)
 
     root = os.path.abspath(src)
     stack = [("", root)]
+    unlisted: set = set()
     while stack:
         rel, path = stack.pop()
         try:
-            entries = sorted(os.scandir(path), key=lambda e: e.name)
-        except PermissionError:
-            skipped.append((rel or ".", "permission denied"))
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            if not rel:
+                raise AutomdtError(f"{src}: cannot list the source directory: {_why(e)}", errors.FILES_FAILED) from None
+            unreadable.append((rel, f"cannot list directory: {_why(e)}; nothing in it was transferred",
+                               _unreadable_code(e)))
+            unlisted.add(rel)  # not created empty on the destination either
             continue
         subdirs = []
         for e in entries:
             name = rel + "/" + e.name if rel else e.name
             try:
                 est = e.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                skipped.append((name, "vanished during scan"))
+            except OSError as ex:
+                why = "vanished during the scan" if ex.errno == errno.ENOENT else f"cannot stat: {_why(ex)}"
+                unreadable.append((name, why, _unreadable_code(ex)))
                 continue
             if stat.S_ISLNK(est.st_mode):
                 skipped.append((name, "symlink (not followed)"))
@@ -103,6 +142,11 @@ def scan(src: str) -> Manifest:
                 dirs.append(name)
                 subdirs.append((name, e.path))
             elif stat.S_ISREG(est.st_mode):
+                if est.st_size == 0:
+                    err = _empty_file_readable(e.path)
+                    if err is not None:
+                        unreadable.append((name, f"cannot read: {_why(err)}", _unreadable_code(err)))
+                        continue
                 files.append(FileEntry(len(files), name, e.path, est.st_size, est.st_mtime_ns,
                                        stat.S_IMODE(est.st_mode) & 0o777, source_id=f"{est.st_dev}:{est.st_ino}"))
             else:
@@ -110,7 +154,9 @@ def scan(src: str) -> Manifest:
         stack.extend(reversed(subdirs))
     for name, why in skipped:
         log.warning("skipping %s: %s", name, why)
-    return Manifest(files, dirs, skipped)
+    if unlisted:
+        dirs = [d for d in dirs if d not in unlisted]
+    return Manifest(files, dirs, skipped, unreadable)
 
 
 def file_digest(path: str, block: int = 4 << 20) -> str:

@@ -18,6 +18,9 @@ MAX_COMPONENT_BYTES = 255
 MAX_PATH_BYTES = 4096
 TEMP_PREFIX = ".amdt-"
 """Temporary and journal files of partial transfers start with this; senders may not use it."""
+SCRATCH_PREFIX = ".automdt-explore-scratch"
+"""``automdt explore`` copies data again into directories named so; a receiver removes a session's
+scratch directory when the session closes."""
 
 
 class UnsafePath(ValueError):
@@ -71,6 +74,8 @@ class SafeRoot:
             raise FileNotFoundError(f"destination root {root}: no such directory") from None
         self._cache: "OrderedDict[Tuple[str, ...], int]" = OrderedDict()
         self._max = max_cached
+        self.created: list = []
+        """Directories this instance created (parents before children)."""
 
     def close(self) -> None:
         for fd in self._cache.values():
@@ -79,6 +84,22 @@ class SafeRoot:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def remove_created(self) -> int:
+        """Remove the directories this instance created that are still empty (children first), so
+        that a refused transfer leaves no empty tree behind. Returns how many went."""
+        removed = 0
+        for parts in reversed(self.created):
+            fd = self._cache.pop(parts, None)
+            if fd is not None:
+                os.close(fd)
+            try:
+                os.rmdir(parts[-1], dir_fd=self.dir_fd(parts[:-1], create=False))
+                removed += 1
+            except (OSError, UnsafePath):
+                pass
+        self.created = []
+        return removed
 
     def __enter__(self) -> "SafeRoot":
         return self
@@ -107,6 +128,7 @@ class SafeRoot:
                 raise
             try:
                 os.mkdir(name, 0o755, dir_fd=parent)
+                self.created.append(parts)
             except FileExistsError:
                 pass
             fd = os.open(name, flags, dir_fd=parent)

@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import stat
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import zmq
 
 from automdt import errors, journal, protocol
 from automdt.manifest import file_digest
-from automdt.paths import SafeRoot, UnsafePath, check_relpath, temp_names
+from automdt.paths import SCRATCH_PREFIX, SafeRoot, UnsafePath, check_relpath, temp_names
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,15 @@ class _File:
     data_fd: int = -1
     journal_fd: int = -1
     active: bool = False
+    partial: bool = False
+    """The plan found a partial (``.part``) to resume; without one, activation creates afresh."""
+    _temp: Optional[Tuple[str, str]] = None
+
+    def temp_names(self) -> Tuple[str, str]:
+        """The partial's and journal's names (hashed once per file)."""
+        if self._temp is None:
+            self._temp = temp_names(self.path)
+        return self._temp
 
 
 class SessionError(Exception):
@@ -67,9 +77,16 @@ class SessionError(Exception):
 class Session:
     """One sender's transfer into ``root``/``subdir``."""
 
-    def __init__(self, server: "ReceiverServer", ident: bytes):
+    def __init__(self, server: "ReceiverServer", ident: bytes, peer: str = ""):
         self.server = server
         self.ident = ident
+        self.sid = ident.hex()
+        """The whole routing id in hex (ZeroMQ's ids share their first bytes: never cut it)."""
+        self.peer = peer
+        self.t_open = 0.0
+        self.files_failed = 0
+        self.bytes_written = 0
+        self.took_over: set = set()
         self.state = "new"
         self.client_nonce = ""
         self.server_nonce = protocol.nonce()
@@ -88,6 +105,10 @@ class Session:
         self.last_seen = time.monotonic()
         self.bytes_needed = 0
         self.dry_run = False
+        self.scratch = False
+        self.n_active = 0
+        """Files open and registered with the engine now (kept as a count: the activation limit
+        is checked once per file, and counting 20,000 files each time was quadratic)."""
         self.files_completed = 0
         """Files renamed into place (or created empty) by this session (for metrics)."""
         self.chunks_missing = 0
@@ -162,7 +183,10 @@ class Session:
         try:
             self.base = check_relpath(subdir) if subdir else ()
         except UnsafePath as e:
-            raise SessionError(str(e), errors.FILES_FAILED)
+            raise SessionError(f"destination subdirectory refused: {e}", errors.USAGE)
+        self.scratch = msg.get("scratch") is True
+        if self.scratch and not (self.base and self.base[-1].startswith(SCRATCH_PREFIX)):
+            raise SessionError(f"a scratch subdirectory must be named {SCRATCH_PREFIX}*", errors.USAGE)
         chunk = int(msg.get("chunk_size", 4 << 20))
         if not MIN_CHUNK <= chunk <= MAX_CHUNK:
             raise SessionError(f"chunk size {chunk} outside [{MIN_CHUNK}, {MAX_CHUNK}]", errors.USAGE)
@@ -173,6 +197,8 @@ class Session:
         self.dry_run = bool(msg.get("dry_run", False))
         self.root = SafeRoot(srv.root, max_cached=srv.dir_cache)
         try:
+            if self.scratch:
+                self._remove_scratch()  # left by an exploration that was killed: start empty
             self.root.dir_fd(self.base, create=not self.dry_run)
         except FileNotFoundError:
             if not self.dry_run:
@@ -186,6 +212,10 @@ class Session:
                                tls_key=key)
         self.engine.set_threads(srv.clamp_threads(int(msg.get("write_threads", 1))))
         self.state = "open"
+        self.t_open = time.monotonic()
+        log.info("session %s%s opened: into %s%s (chunk %d, buffer %d bytes%s%s)", self.sid,
+                 f" from {self.peer}" if self.peer else "", srv.root, "/" + "/".join(self.base) if self.base else "",
+                 chunk, memory, ", encrypted" if encrypt else "", ", dry run" if self.dry_run else "")
         return {"type": "opened", "data_port": self.engine.port, "chunk_size": chunk, "memory": memory,
                 "max_threads": srv.max_threads, "encrypted": encrypt, "runtime_throttle": True}
 
@@ -217,12 +247,12 @@ class Session:
             try:
                 action = self._plan_file(f, e.get("digest"))
             except UnsafePath as ex:
-                self.file_errors.append([fid, errors.FILES_FAILED, f"{f.path}: {ex}"])
+                self._file_error([fid, errors.FILES_FAILED, f"{f.path}: {ex}"])
                 action = "fail"
             except OSError as ex:
                 code = errors.FATAL if ex.errno in (errno.ENOSPC, errno.EDQUOT) else errors.FILES_FAILED
                 action = "fail"
-                self.file_errors.append([fid, code, f"{f.path}: {ex.strerror}"])
+                self._file_error([fid, code, f"{f.path}: {ex.strerror}"])
                 if code == errors.FATAL:
                     raise SessionError(f"{f.path}: {ex.strerror}", code)
             if action == "send" and not self.dry_run:
@@ -233,13 +263,19 @@ class Session:
             self._check_space()
         return {"type": "plan", "files": plan}
 
+    def _file_error(self, entry: List[Any]) -> None:
+        """Report ``[file id, exit code, message]`` to the sender at its next poll."""
+        self.file_errors.append(entry)
+        self.files_failed += 1
+
     def _partial_bytes(self, f: _File) -> int:
         """Bytes a resumable partial of ``f`` already holds on disk (0 if none)."""
         try:
             dfd = self.root.dir_fd(f.parts[:-1], create=False)
-            st = os.stat(temp_names(f.path)[0], dir_fd=dfd, follow_symlinks=False)
+            st = os.stat(f.temp_names()[0], dir_fd=dfd, follow_symlinks=False)
         except (OSError, UnsafePath):
             return 0
+        f.partial = True  # whatever it is: activation looks at it before creating afresh
         return min(f.size, st.st_blocks * 512) if stat.S_ISREG(st.st_mode) else 0
 
     def _check_space(self) -> None:
@@ -250,6 +286,7 @@ class Session:
         free = st.f_bavail * st.f_frsize
         if self.bytes_needed > free * 1.0 + 0:
             need = self.bytes_needed
+            self.root.remove_created()  # no empty tree left behind by a refused transfer
             raise SessionError(f"not enough space: destination {self.server.root} has {free} bytes free, "
                                f"the transfer needs up to {need}", errors.FATAL)
 
@@ -303,17 +340,17 @@ class Session:
             f = self.files.get(int(fid))
             if f is None or f.active:
                 raise SessionError(f"activate: unknown or active file id {fid}", errors.USAGE)
-            if sum(1 for x in self.files.values() if x.active) >= MAX_ACTIVE_FILES:
+            if self.n_active >= MAX_ACTIVE_FILES:
                 raise SessionError(f"more than {MAX_ACTIVE_FILES} files active at once", errors.USAGE)
             try:
                 ranges = self._open_partial(f)
             except UnsafePath as ex:
-                self.file_errors.append([f.id, errors.FILES_FAILED, f"{f.path}: {ex}"])
+                self._file_error([f.id, errors.FILES_FAILED, f"{f.path}: {ex}"])
                 out.append([f.id, "fail", []])
                 continue
             except OSError as ex:
                 code = errors.FATAL if ex.errno in (errno.ENOSPC, errno.EDQUOT) else errors.FILES_FAILED
-                self.file_errors.append([f.id, code, f"{f.path}: {ex.strerror}"])
+                self._file_error([f.id, code, f"{f.path}: {ex.strerror}"])
                 out.append([f.id, "fail", []])
                 continue
             if not ranges:
@@ -326,7 +363,7 @@ class Session:
     def _open_partial(self, f: _File) -> List[List[int]]:
         """Open (or resume) the partial file; register it with the engine; return ranges to send."""
         dfd = self.root.dir_fd(f.parts[:-1])
-        tmp, jname = temp_names(f.path)
+        tmp, jname = f.temp_names()
         cs = self.chunk_size
         nchunks = (f.size + cs - 1) // cs
         fp = journal.fingerprint(f.path, f.size, f.mtime_ns, cs, f.source_id, f.digest)
@@ -335,6 +372,8 @@ class Session:
         data_fd = jfd = -1
         self.server.claim(self, f)
         try:
+            if not f.partial:  # nothing to resume when the plan ran: create (below)
+                raise FileNotFoundError
             data_fd = os.open(tmp, flags, dir_fd=dfd)
             jfd = os.open(jname, flags | os.O_APPEND, dir_fd=dfd)
             euid = os.geteuid()
@@ -351,23 +390,32 @@ class Session:
             for fd in (data_fd, jfd):
                 if fd >= 0:
                     os.close(fd)
-            _unlink(tmp, dfd)
-            _unlink(jname, dfd)
-            data_fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dfd)
-            jfd = os.open(jname, flags | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600, dir_fd=dfd)
-            os.write(jfd, journal.header(fp, cs))
-            os.ftruncate(data_fd, f.size)
+            data_fd = jfd = -1
+            data_fd = _create(tmp, dfd, flags)  # (anything left under the name is unlinked first)
+            try:
+                jfd = _create(jname, dfd, flags | os.O_APPEND)
+                os.write(jfd, journal.header(fp, cs))
+                os.ftruncate(data_fd, f.size)
+            except OSError:
+                os.close(data_fd)
+                if jfd >= 0:
+                    os.close(jfd)
+                raise
             done = []
         f.data_fd, f.journal_fd, f.active = data_fd, jfd, True
+        self.n_active += 1
         if len(done) == nchunks:
             return []
+        if not done:
+            self.engine.add_file(f.id, data_fd, jfd, f.size)
+            return [[0, f.size]]
         self.engine.add_file(f.id, data_fd, jfd, f.size, journal.bitmap(done, nchunks))
         return _missing_ranges(done, nchunks, cs, f.size)
 
     def _finalize(self, f: _File) -> None:
         """All chunks written and verified: set metadata, (fsync,) rename into place."""
         dfd = self.root.dir_fd(f.parts[:-1])
-        tmp, jname = temp_names(f.path)
+        tmp, jname = f.temp_names()
         os.fchmod(f.data_fd, f.mode)
         os.utime(f.data_fd, ns=(f.mtime_ns, f.mtime_ns))
         if self.fsync in ("file", "dir"):
@@ -392,6 +440,8 @@ class Session:
             if fd >= 0:
                 os.close(fd)
         f.data_fd = f.journal_fd = -1
+        if f.active:
+            self.n_active -= 1
         f.active = False
 
     def _poll(self, msg):
@@ -424,33 +474,56 @@ class Session:
         return {"type": "missing", "files": out}
 
     def _fail(self, msg):
+        discard = msg.get("discard") is True
         for fid in msg.get("ids", []):
             f = self.files.pop(int(fid), None)
             if f is not None:
-                self._release(f)  # the partial and its journal stay for a later run
+                self._release(f)  # the partial and its journal stay for a later run ...
+                self.files_failed += 1
+                if discard:  # ... unless the source is gone or unreadable: then they are debris
+                    self._discard_partial(f)
         return {"type": "ok"}
+
+    def _discard_partial(self, f: _File) -> None:
+        try:
+            dfd = self.root.dir_fd(f.parts[:-1], create=False)
+        except (OSError, UnsafePath):
+            return
+        for name in temp_names(f.path):
+            try:
+                _unlink(name, dfd)
+            except OSError:
+                pass
 
     def _digest(self, msg):
         """Content digests (automdt.verify) of destination files, for ``verify``."""
         from automdt.verify import chunked_digest_fd
 
-        out = {}
+        out: Dict[str, Optional[str]] = {}
+        unreadable: Dict[str, str] = {}  # present but not readable (None in ``digests`` too)
         for path in msg.get("paths", [])[:1000]:
+            out[path] = None
             try:
                 parts = self.base + check_relpath(path)
                 dfd = self.root.dir_fd(parts[:-1], create=False)
                 fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-            except (UnsafePath, OSError):
-                out[path] = None
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except UnsafePath as e:
+                unreadable[path] = str(e)
+                continue
+            except OSError as e:
+                unreadable[path] = "a symlink (not followed)" if e.errno == errno.ELOOP else (e.strerror or str(e)).lower()
                 continue
             try:
                 st = os.fstat(fd)
-                out[path] = chunked_digest_fd(fd, st.st_size, self.chunk_size) if stat.S_ISREG(st.st_mode) else None
-            except OSError:
-                out[path] = None
+                if stat.S_ISREG(st.st_mode):
+                    out[path] = chunked_digest_fd(fd, st.st_size, self.chunk_size)
+            except OSError as e:
+                unreadable[path] = (e.strerror or str(e)).lower()
             finally:
                 os.close(fd)
-        return {"type": "digests", "digests": out}
+        return {"type": "digests", "digests": out, "unreadable": unreadable}
 
     def _close_msg(self, msg):
         self.pump()
@@ -472,7 +545,7 @@ class Session:
                     self._finalize(f)
                 except OSError as ex:
                     code = errors.FATAL if ex.errno in (errno.ENOSPC, errno.EDQUOT) else errors.FILES_FAILED
-                    self.file_errors.append([f.id, code, f"{f.path}: rename: {ex.strerror}"])
+                    self._file_error([f.id, code, f"{f.path}: rename: {ex.strerror}"])
                     self._release(f)
                     self.files.pop(f.id, None)
             elif kind == "chunk_bad":
@@ -485,20 +558,44 @@ class Session:
                 if code == errors.FATAL and self.fatal is None:
                     self.fatal = (code, msg)
                 elif code != errors.FATAL:
-                    self.file_errors.append([ev[1], code, msg])
+                    self._file_error([ev[1], code, msg])
             else:
-                log.warning("session %s: %s", self.ident.hex()[:8], " ".join(str(x) for x in ev[1:]))
+                log.warning("session %s: %s", self.sid, " ".join(str(x) for x in ev[1:]))
 
-    def close(self) -> None:
+    def _remove_scratch(self) -> None:
+        """Remove this session's scratch directory (never following a symlink: ``rmtree`` by fd)."""
+        parent = self.root.dir_fd(self.base[:-1], create=False)
+        try:
+            shutil.rmtree(self.base[-1], dir_fd=parent)
+        except FileNotFoundError:
+            pass
+
+    def close(self, why: str = "closed by the sender") -> None:
+        if self.state == "closed":
+            return
+        partial = len(self.files)
         for f in list(self.files.values()):
             self._release(f)
         self.files.clear()
         if self.server.metrics is not None:
             self.server.metrics.session_closed(self)
         if self.engine is not None:
+            try:
+                self.bytes_written = int(_stats_dict(self.engine.stats()).get("write", {}).get("bytes", 0))
+            except Exception:  # totals are a courtesy; the close must happen
+                pass
             self.engine.close()
             self.engine = None
+        if self.state == "open":
+            log.info("session %s %s: %d files completed, %d failed, %d left partial; %d bytes written in %.1f s",
+                     self.sid, why, self.files_completed, self.files_failed, partial, self.bytes_written,
+                     time.monotonic() - self.t_open)
         if self.root is not None:
+            if self.scratch:
+                try:
+                    self._remove_scratch()
+                except (OSError, UnsafePath) as e:
+                    log.warning("session %s: cannot remove scratch %s: %s", self.sid, "/".join(self.base), e)
             self.root.close()
             self.root = None
         self.state = "closed"
@@ -519,11 +616,34 @@ def _missing_ranges(done: List[int], nchunks: int, cs: int, size: int) -> List[L
     return out
 
 
+def _trim_slot_cache() -> None:
+    if "automdt.transfer_engine" in sys.modules:  # only once an engine ran (never imports it)
+        sys.modules["automdt.transfer_engine"].trim_cache(60.0)
+
+
+def _create(name: str, dfd: int, flags: int) -> int:
+    """Create ``name`` (0600, O_EXCL) in ``dfd``; whatever already has that name (a stale partial,
+    a planted symlink or hard link) is unlinked first and never opened."""
+    try:
+        return os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dfd)
+    except FileExistsError:
+        _unlink(name, dfd)
+        return os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dfd)
+
+
 def _unlink(name: str, dfd: int) -> None:
     try:
         os.unlink(name, dir_fd=dfd)
     except FileNotFoundError:
         pass
+
+
+def _peer(frame) -> str:
+    """The sender's address as ZeroMQ saw it ("" if unknown)."""
+    try:
+        return str(frame.get("Peer-Address") or "")
+    except (zmq.ZMQError, AttributeError, TypeError, KeyError):
+        return ""
 
 
 def _stats_dict(st) -> Dict[str, Any]:
@@ -616,10 +736,13 @@ class ReceiverServer:
         owner = self._claims.get(key)
         if owner is not None and owner[0] is not session:
             other, of = owner
-            log.warning("%s: taken over from an older session", f.path)
+            if other.sid not in session.took_over:  # one line per pair of sessions, not one per file
+                session.took_over.add(other.sid)
+                log.warning("session %s takes over files of older session %s (first: %s); that one stops "
+                            "writing them", session.sid, other.sid, f.path)
             other._release(of)
             other.files.pop(of.id, None)
-            other.file_errors.append([of.id, errors.FILES_FAILED, f"{of.path}: taken over by a newer session"])
+            other._file_error([of.id, errors.FILES_FAILED, f"{of.path}: taken over by a newer session"])
         self._claims[key] = (session, f)
 
     def unclaim(self, session: "Session", f: _File) -> None:
@@ -635,11 +758,11 @@ class ReceiverServer:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self._wake_r.fileno(), zmq.POLLIN)
-        next_metrics = 0.0
+        next_metrics = next_trim = 0.0
         while not stop.is_set():
             if poller.poll(20):
                 try:
-                    frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:  # the wake-up from stop(): drain it (never spin on a readable fd)
                     try:
                         self._wake_r.recv(64)
@@ -648,7 +771,7 @@ class ReceiverServer:
                     continue
                 if len(frames) != 2:
                     continue
-                self._dispatch(frames[0], frames[1])
+                self._dispatch(frames[0].bytes, frames[1].bytes, _peer(frames[1]))
             now = time.monotonic()
             for ident, s in list(self.sessions.items()):
                 if s.state == "closed":
@@ -657,18 +780,21 @@ class ReceiverServer:
                 try:
                     s.pump()
                 except Exception:  # keep serving the others
-                    log.exception("session %s failed", ident.hex()[:8])
-                    s.close()
+                    log.exception("session %s failed", s.sid)
+                    s.close("failed")
                 limit = self.handshake_timeout_s if s.state in ("new", "challenged") else self.idle_timeout_s
                 if now - s.last_seen > limit:
-                    log.warning("session %s idle for %.0f s: closed (partial files kept)", ident.hex()[:8], now - s.last_seen)
-                    s.close()
+                    log.warning("session %s idle for %.0f s: closing it (partial files kept)", s.sid, now - s.last_seen)
+                    s.close(f"closed after {now - s.last_seen:.0f} s idle")
             if self.metrics is not None and now >= next_metrics:
                 next_metrics = now + 0.25
                 self.metrics.update(self)
+            if not self.sessions and now >= next_trim:
+                next_trim = now + 5.0
+                _trim_slot_cache()  # idle: the slot memory a closed session left goes back after 60 s
         self._shutdown()
 
-    def _dispatch(self, ident: bytes, data: bytes) -> None:
+    def _dispatch(self, ident: bytes, data: bytes, peer: str = "") -> None:
         seq = None
         try:
             msg = protocol.decode(data)
@@ -685,40 +811,42 @@ class ReceiverServer:
                 if len(self.sessions) - len(pending) >= self.max_sessions:
                     self.busy_rejections += 1
                     raise SessionError(f"busy: {self.max_sessions} sessions already", errors.NETWORK)
-                s = self.sessions[ident] = Session(self, ident)
+                s = self.sessions[ident] = Session(self, ident, peer)
                 self.sessions_total += 1
             reply = s.handle(msg)
         except protocol.ProtocolError as e:
             reply = {"type": "error", "code": errors.USAGE, "message": f"protocol error: {e}"}
-            self._drop(ident)
+            self._drop(ident, reply["message"])
         except SessionError as e:
             reply = {"type": "error", "code": e.code, "message": str(e)}
             if e.code in (errors.FATAL, errors.FILES_FAILED, errors.USAGE):
-                self._drop(ident)
+                self._drop(ident, reply["message"])
         except errors.AutomdtError as e:
             reply = {"type": "error", "code": e.code, "message": e.message}
-            self._drop(ident)
+            self._drop(ident, reply["message"])
         except OSError as e:
             code = errors.FATAL if e.errno in (errno.ENOSPC, errno.EDQUOT) else errors.ERROR
             reply = {"type": "error", "code": code, "message": f"{e.strerror or e}"}
-            self._drop(ident)
+            self._drop(ident, reply["message"])
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, RecursionError) as e:
             reply = {"type": "error", "code": errors.USAGE, "message": f"bad request: {type(e).__name__}: {str(e)[:200]}"}
-            self._drop(ident)
+            self._drop(ident, reply["message"])
         except Exception as e:  # a bug must not end the daemon: this session alone is dropped
-            log.exception("session %s: internal error", ident.hex()[:8])
+            log.exception("session %s: internal error", ident.hex())
             reply = {"type": "error", "code": errors.ERROR, "message": f"internal error: {type(e).__name__}"}
-            self._drop(ident)
+            self._drop(ident, reply["message"])
         reply["seq"] = seq
         try:
             self.sock.send_multipart([ident, protocol.encode(reply)], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
 
-    def _drop(self, ident: bytes) -> None:
+    def _drop(self, ident: bytes, why: str = "") -> None:
         s = self.sessions.pop(ident, None)
         if s is not None:
-            s.close()
+            if why and s.state in ("new", "challenged"):
+                log.warning("session %s%s refused: %s", s.sid, f" from {s.peer}" if s.peer else "", why)
+            s.close(f"ended: {why}" if why else "dropped")
 
     def start(self) -> "ReceiverServer":
         """Serve in a background thread (used for local transfers and tests)."""
@@ -737,7 +865,7 @@ class ReceiverServer:
 
     def _shutdown(self) -> None:
         for s in list(self.sessions.values()):
-            s.close()
+            s.close("closed: the receiver is stopping")
         self.sessions.clear()
         self.sock.close(0)
         self._ctx.term()

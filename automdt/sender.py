@@ -12,8 +12,7 @@ import errno
 import logging
 import os
 import re
-import signal
-import threading
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -21,9 +20,9 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import zmq
 
-from automdt import errors, protocol
+from automdt import errors, interrupts, protocol
 from automdt.controller import Controller
-from automdt.errors import AutomdtError
+from automdt.errors import AutomdtError, Interrupted
 from automdt.manifest import Manifest, file_digest, scan, shard_manifest
 
 log = logging.getLogger(__name__)
@@ -87,6 +86,9 @@ class TransferOptions:
     """Transfer nothing; only compare digests (``automdt verify``)."""
     encrypt: bool = False
     """CURVE on the control channel and TLS 1.3 on the data connections (needs ``secret``)."""
+    scratch: bool = False
+    """The destination subdirectory is ``automdt explore``'s scratch: the receiver empties it when the
+    session opens and removes it when the session closes."""
     data_endpoint_hook: Optional[Callable[[str, int], Tuple[str, int]]] = None
     """Test hook: maps the receiver's announced data endpoint (e.g. to a fault-injecting proxy)."""
     throttle_schedule: Any = None
@@ -118,6 +120,9 @@ class Summary:
     chunks_resent: int = 0
     integrity_failures: int = 0
     entries_skipped: int = 0
+    entries_unreadable: int = 0
+    """Source entries that could not be read (directories that cannot be listed, entries that
+    cannot be stat'ed, empty files that cannot be opened); each is also in ``errors`` (exit 6)."""
     exit_code: int = 0
     attempts: int = 1
     """Runs made (1 + network retries)."""
@@ -129,19 +134,24 @@ class Summary:
     """With ``--verify``: files whose content digest matched on both ends."""
     differences: Optional[List[str]] = None
     """With ``--verify``: ``missing: path`` / ``differs: path`` lines."""
+    unreadable: Optional[List[str]] = None
+    """With ``--verify``: ``unreadable: path (source|destination): why`` lines."""
     dry_run_files: Optional[List[str]] = None
     """With ``--dry-run``: the files that would be sent (first 1000)."""
     shard: Optional[str] = None
     """With ``--shard``: ``"I/N"`` (the file counts are this shard's)."""
     history: List[Dict[str, Any]] = field(default_factory=list, repr=False)
     """The controller's interval records (not part of the JSON summary)."""
+    retryable: bool = field(default=True, repr=False)
+    """A network failure worth retrying (not part of the JSON summary)."""
     start: Optional[Dict[str, Any]] = None
     """Where the thread counts started and why (the interval log's ``start``; :mod:`automdt.start`)."""
 
     def as_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
         d.pop("history", None)
-        for k in ("dry_run_files", "verified", "differences", "shard", "start"):
+        d.pop("retryable", None)
+        for k in ("dry_run_files", "verified", "differences", "unreadable", "shard", "start"):
             if d[k] is None:
                 d.pop(k)
         d["bytes_per_second"] = round(self.bytes / self.seconds, 1) if self.seconds > 0 else 0.0
@@ -175,11 +185,33 @@ def parse_dest(dest: str) -> Tuple[Optional[Tuple[str, int]], str]:
     return None, dest
 
 
-class Stop(Exception):
-    """Raised inside the loop by SIGINT/SIGTERM handlers."""
+def check_dest(dest: str) -> None:
+    """Raise ``ValueError`` for a destination no receiver would accept: an empty one, a port out of
+    range, or a remote subdirectory that is absolute, has ``..``/empty components and the like
+    (the receiver refuses those too; checking here makes it a usage error before any work)."""
+    from automdt.paths import UnsafePath, check_relpath
 
-    def __init__(self, code: int):
-        self.code = code
+    if not dest or not dest.strip():
+        raise ValueError("empty destination")
+    remote, where = parse_dest(dest)
+    if remote is None:
+        return
+    if not 1 <= remote[1] <= 65535:
+        raise ValueError(f"destination {dest}: port {remote[1]} outside 1..65535")
+    if where:
+        try:
+            check_relpath(where)
+        except UnsafePath as e:
+            raise ValueError(f"destination {dest}: subdirectory {where!r} refused ({str(e).split(': ', 1)[-1]})") from None
+
+
+Stop = Interrupted
+"""Raised in the main thread by the first SIGINT/SIGTERM (:mod:`automdt.interrupts`)."""
+
+def interrupted(code: int) -> str:
+    """The summary's error line for an interrupt (130: SIGINT, 143: SIGTERM)."""
+    name = {130: "SIGINT", 143: "SIGTERM"}.get(code, f"signal {code - 128}")
+    return f"interrupted by {name}: partial files and journals kept; re-run to resume"
 
 
 def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
@@ -195,16 +227,26 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
         opts = replace(opts, schedule_t0=t0)  # retries continue the same schedule
     moved = resent = 0
     attempt = 0
-    while True:
-        summary = _run_once(src, dest, opts)
-        moved += summary.bytes
-        resent += summary.chunks_resent
-        if summary.exit_code != errors.NETWORK or attempt >= opts.retries:
-            break
-        attempt += 1
-        log.warning("%s; retry %d of %d in %.0f s", summary.errors[-1] if summary.errors else "network error",
-                    attempt, opts.retries, opts.retry_sleep_s)
-        time.sleep(opts.retry_sleep_s)
+    summary = Summary()
+    with interrupts.handling():
+        try:
+            while True:
+                summary = _run_once(src, dest, opts)
+                moved += summary.bytes
+                resent += summary.chunks_resent
+                if summary.exit_code != errors.NETWORK or attempt >= opts.retries or not summary.retryable:
+                    break
+                attempt += 1
+                log.warning("%s; retry %d of %d in %.0f s", summary.errors[-1] if summary.errors else "network error",
+                            attempt, opts.retries, opts.retry_sleep_s)
+                time.sleep(opts.retry_sleep_s)
+        except Interrupted as e:  # before or between the attempts' own handling (scan, start-up, retry pause)
+            summary.exit_code = e.code
+        code = interrupts.pending() or (summary.exit_code if summary.exit_code in (130, 143) else None)
+        if code is not None:  # also a signal that arrived during a (shielded) shutdown
+            summary.exit_code = code
+            if not any(e.startswith("interrupted") for e in summary.errors):
+                summary.errors.append(interrupted(code))
     summary.bytes, summary.chunks_resent, summary.attempts = moved, resent, attempt + 1
     summary.seconds = time.monotonic() - t0
     if opts.shard is not None:
@@ -225,11 +267,15 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
         summary = Summary(files_total=len(manifest.files), bytes_total=manifest.total_bytes,
                           bytes_to_send=manifest.total_bytes, entries_skipped=len(manifest.skipped),
                           dry_run_files=[f.path for f in manifest.files][:1000])
+        summary.exit_code = errors.worst(_scan_errors(manifest, summary))
         summary.seconds = time.monotonic() - t_start
         return summary
     if remote is None:
         from automdt.receiver import ReceiverServer
 
+        if opts.verify_only and not os.path.isdir(where):  # verify compares; it never creates
+            raise AutomdtError(f"{where}: destination {'is not a directory' if os.path.exists(where) else 'not found'}",
+                               errors.DIR_NOT_FOUND)
         try:
             os.makedirs(where, exist_ok=True)
         except OSError as e:
@@ -246,7 +292,8 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
         return _Transfer(manifest, host, port, subdir, secret, opts, t_start).run()
     finally:
         if server is not None:
-            server.stop()
+            with interrupts.shielded():
+                server.stop()
 
 
 class _Transfer:
@@ -259,7 +306,7 @@ class _Transfer:
         self.t_start = t_start
         self.summary = Summary(files_total=len(manifest.files), bytes_total=manifest.total_bytes,
                                entries_skipped=len(manifest.skipped))
-        self.codes: List[int] = []
+        self.codes: List[int] = _scan_errors(manifest, self.summary)
         self.retries: Dict[Tuple[int, int], int] = {}
         self.active: Dict[int, float] = {}
         self.pending: Deque[int] = deque()
@@ -283,60 +330,100 @@ class _Transfer:
         self.codes.append(code)
         if len(self.summary.errors) < 100:
             self.summary.errors.append(message)
-        log.log(logging.INFO if code == errors.MAX_DURATION else logging.ERROR, "%s", message)
+        # the summary's errors are printed once at the end; the --log-file gets them as they happen
+        log.info("%s", message)
 
     def run(self) -> Summary:
         ctx = zmq.Context()
         self.ctl = protocol.ControlClient(ctx, self.host, self.port, timeout_s=self.o.timeout_s,
                                           curve_secret=self.secret if self.o.encrypt else None)
-        log_file = open(self.o.log_path, "a") if self.o.log_path else None
-        old_handlers = _install_signal_handlers()
+        log_file = None
         try:
             try:
+                log_file = _open_log(self.o.log_path)
                 self._handshake()
                 if not self.o.verify_only:
                     self._plan()
                     self._transfer(log_file)
                 if self.o.verify or self.o.verify_only:
                     self._verify()
-            except Stop as s:
+            except Interrupted as s:
                 self.codes.append(s.code)
-                self.summary.errors.append("interrupted: partial files and journals kept; re-run to resume")
+                self.summary.errors.append(interrupted(s.code))
             except AutomdtError as e:
                 if not self.summary.errors or self.summary.errors[-1] != e.message:
                     self.summary.errors.append(e.message)
                 self.codes.append(e.code)
+            except OSError as e:  # not a user's error, yet no reason to lose the summary
+                self.fail(errors.ERROR, f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}")
             finally:
-                if self.engine is not None:
-                    self.engine.close()
-                try:
-                    if getattr(self, "opened", False):
-                        self.ctl.request({"type": "close"}, timeout_s=5)
-                except AutomdtError:
-                    pass
+                with interrupts.shielded():  # a second signal must not cut the shutdown short
+                    self._shutdown()
         finally:
-            _restore_signal_handlers(old_handlers)
-            if log_file:
-                log_file.close()
-            self.ctl.close()
-            ctx.term()
+            with interrupts.shielded():
+                if log_file:
+                    log_file.close()
+                self.ctl.close()
+                ctx.term()
         self.summary.seconds = time.monotonic() - self.t_start
         if getattr(self, "controller", None) is not None:
             self.summary.history = self.controller.history
             self.summary.start = (self.controller.start_record or {}).get("start")
-        self.summary.exit_code = errors.worst(self.codes)
+        code = interrupts.pending()
+        self.summary.exit_code = code if code is not None else errors.worst(self.codes)
         return self.summary
 
+    def _shutdown(self) -> None:
+        """Stop the engine and close the session on the receiver (it then keeps the partial files)."""
+        if self.engine is not None:
+            self.engine.close()
+        try:
+            if getattr(self, "opened", False):
+                self.ctl.request({"type": "close"}, timeout_s=5)
+        except AutomdtError:
+            pass
+
+    def _probe(self) -> None:
+        """Fail at once when nothing listens at the receiver's address (ZeroMQ would retry the
+        connection silently until the hello times out). A refused connection on loopback is not
+        retried: no receiver runs on this machine."""
+        try:
+            mech = protocol.probe_mechanism(self.host, self.port, min(self.o.timeout_s, 10))
+        except OSError as e:
+            if isinstance(e, ConnectionRefusedError) and _is_loopback(self.host):
+                self.summary.retryable = False
+            why = "connection refused" if isinstance(e, ConnectionRefusedError) else \
+                "no answer" if isinstance(e, socket.timeout) else (e.strerror or str(e)).lower()
+            raise AutomdtError(f"receiver {self.host}:{self.port} unreachable ({why}; is `automdt receive` "
+                               "running there?)", errors.NETWORK) from None
+        if mech is None:  # a live receiver's I/O thread answers at once, however busy it is
+            raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (it accepted the connection but sent "
+                               f"no greeting within {min(self.o.timeout_s, 10):.0f} s: stopped, or not an automdt "
+                               "receiver)", errors.NETWORK)
+        if mech in ("NULL", "CURVE") and (mech == "CURVE") != self.o.encrypt:
+            why = "it does not use --encrypt (this sender does)" if self.o.encrypt else \
+                "it requires --encrypt (this sender does not use it)"
+            raise AutomdtError(f"receiver {self.host}:{self.port} refuses this control channel: {why}", errors.FATAL)
+
     def _handshake(self) -> None:
+        self._probe()
         cn = protocol.nonce()
         try:
             ch = self.ctl.request({"type": "hello", "version": protocol.VERSION, "nonce": cn},
                                   timeout_s=min(self.o.timeout_s, 10))
+        except protocol.HandshakeFailed as e:
+            if e.mismatch:
+                why = "it does not use --encrypt (this sender does)" if self.o.encrypt else \
+                    "it requires --encrypt (this sender does not use it)"
+                raise AutomdtError(f"receiver {self.host}:{self.port} refuses this control channel: {why}",
+                                   errors.FATAL) from None
+            raise AutomdtError(f"receiver {self.host}:{self.port} refused the encrypted control channel: "
+                               "the shared secret differs", errors.FATAL) from None
         except AutomdtError as e:
             if e.code == errors.NETWORK:
-                why = "its --encrypt setting or secret differs" if self.o.encrypt else "it requires --encrypt"
-                raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (no answer to hello: not running, "
-                                   f"or {why})", errors.NETWORK) from None
+                why = "its secret differs, or it is overloaded" if self.o.encrypt else "it is overloaded"
+                raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (no answer to hello: {why})",
+                                   errors.NETWORK) from None
             raise
         sn = str(ch.get("nonce", ""))
         if ch.get("auth") and not self.secret:
@@ -347,6 +434,7 @@ class _Transfer:
         if self.secret:
             req["mac"] = protocol.mac(self.secret, "client", sn, cn)
         w = self.ctl.request(req)
+        self.ctl.stop_monitor()
         if self.secret:
             import hmac as _hmac
 
@@ -361,7 +449,7 @@ class _Transfer:
             "type": "open", "subdir": self.subdir, "chunk_size": self.o.chunk_size, "memory": self.o.memory,
             "write_threads": self.o.threads[2], "checksum": self.o.checksum, "fsync": self.o.fsync,
             "write_throttle": list(self.write_limit_sent), "dry_run": self.o.dry_run,
-            "encrypt": self.o.encrypt,
+            "encrypt": self.o.encrypt, **({"scratch": True} if self.o.scratch else {}),
         })
         if bool(r.get("encrypted")) != self.o.encrypt:
             raise AutomdtError(f"receiver {self.host}:{self.port} does not support encryption", errors.FATAL)
@@ -406,25 +494,39 @@ class _Transfer:
             self._take_errors(reply.get("errors"))
 
     def _verify(self) -> None:
-        """Compare content digests of every source file with the destination's."""
+        """Compare content digests of every source file with the destination's; what either side
+        cannot read is reported as such (``unreadable``), never as identical nor as a difference."""
         from automdt.verify import chunked_digest, compare
 
-        src, dst = {}, {}
+        src: Dict[str, Optional[str]] = {}
+        dst: Dict[str, Optional[str]] = {}
+        unreadable = [f"unreadable: {p} (source): {why}" for p, why, _ in self.m.unreadable]
         files = self.m.files
         for i in range(0, len(files), 500):
             batch = files[i:i + 500]
+            ask = []
             for f in batch:
                 try:
                     src[f.path] = chunked_digest(f.abspath, self.chunk_size)
-                except OSError:
-                    src[f.path] = "unreadable"
-            r = self.ctl.request({"type": "digest", "paths": [f.path for f in batch]}, timeout_s=max(self.o.timeout_s, 300))
+                    ask.append(f.path)
+                except OSError as e:
+                    unreadable.append(f"unreadable: {f.path} (source): {(e.strerror or str(e)).lower()}")
+            if not ask:
+                continue
+            r = self.ctl.request({"type": "digest", "paths": ask}, timeout_s=max(self.o.timeout_s, 300))
             dst.update(r.get("digests", {}))
+            for p, why in (r.get("unreadable") or {}).items():
+                if p in src:
+                    del src[p]
+                    unreadable.append(f"unreadable: {p} (destination): {why}")
         diffs = compare(src, dst)
-        self.summary.verified = len(files) - len(diffs)
+        self.summary.verified = len(src) - len(diffs)
         self.summary.differences = diffs[:1000]
+        self.summary.unreadable = unreadable[:1000]
         if diffs:
             self.fail(errors.INTEGRITY, f"verify: {len(diffs)} of {len(files)} files differ ({diffs[0]}...)")
+        if unreadable:
+            self.fail(errors.FILES_FAILED, f"verify: {len(unreadable)} entries could not be read ({unreadable[0]}...)")
 
     def _take_errors(self, errs) -> None:
         for fid, code, msg in errs or []:
@@ -496,6 +598,7 @@ class _Transfer:
             # poll every 2 ms at first, easing to every 20 ms within 0.2 s: a small transfer ends
             # (and the next run starts) without waiting out fixed 20 ms pauses
             time.sleep(min(0.02, 0.002 + 0.1 * (now - loop_start)))
+        ctrl.tick(self.engine.stats(), self.receiver_stats, time.monotonic(), final=True)  # the last, partial interval
 
     def _start(self) -> Dict[str, Any]:
         """The controller's ``start`` and ``bound`` (:mod:`automdt.start`): the dataset bound counts
@@ -538,7 +641,10 @@ class _Transfer:
             elif action == "send":
                 try:
                     self.engine.add_file(fid, f.abspath, f.size, f.mtime_ns, [tuple(r) for r in ranges])
-                except (OSError, ValueError) as e:
+                except OSError as e:
+                    self._source_failed(fid, source_error_code(e.errno), f"{f.path}: {(e.strerror or str(e)).lower()}")
+                    continue
+                except ValueError as e:
                     self._source_failed(fid, errors.SOURCE_CHANGED, f"{f.path}: {e}")
                     continue
                 self.active[fid] = time.monotonic()
@@ -585,15 +691,16 @@ class _Transfer:
             if ev[0] == "file_error":
                 fid = ev[1]
                 f = self.m.files[fid]
-                code = errors.SOURCE_CHANGED
-                self._source_failed(fid, code, f"{f.path}: {ev[3]}")
+                self._source_failed(fid, source_error_code(ev[2]), f"{f.path}: {ev[3]}")
             elif ev[0] == "conn_error":
                 log.warning("data connection: %s", ev[2])
 
     def _source_failed(self, fid: int, code: int, message: str) -> None:
-        self._receiver_failed(fid, code, message)
+        """The source file vanished, changed or cannot be read: its partial on the receiver is
+        useless (a new version gets a new fingerprint), so the receiver removes it."""
+        self._receiver_failed(fid, code, message, discard=True)
 
-    def _receiver_failed(self, fid: int, code: int, message: str, tell: bool = True) -> None:
+    def _receiver_failed(self, fid: int, code: int, message: str, tell: bool = True, discard: bool = False) -> None:
         was_active = self.active.pop(fid, None) is not None
         if not was_active and fid in self.pending:
             self.pending.remove(fid)
@@ -605,7 +712,7 @@ class _Transfer:
         self.summary.files_failed += 1
         self.fail(code, message)
         if tell:
-            self.ctl.request({"type": "fail", "ids": [fid]})
+            self.ctl.request({"type": "fail", "ids": [fid], **({"discard": True} if discard else {})})
 
     def _sweep(self) -> None:
         ids = list(self.active)
@@ -623,21 +730,40 @@ class _Transfer:
                     self.engine.requeue(fid, o, min(cs, off + ln - o))
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def source_error_code(err: int) -> int:
+    """Exit code of a source file that failed with ``errno`` ``err`` while being read: a file that
+    vanished or changed (0: no system call failed) is 12, one that cannot be read is 6."""
+    return errors.SOURCE_CHANGED if err in (0, errno.ENOENT, errno.ESTALE) else errors.FILES_FAILED
+
+
+def _scan_errors(manifest: Manifest, summary: Summary) -> List[int]:
+    """Put what the scan could not read into ``summary`` (count and errors); return their codes."""
+    summary.entries_unreadable = len(manifest.unreadable)
+    for path, why, code in manifest.unreadable[:100]:
+        summary.errors.append(f"{path}: {why}")
+    if len(manifest.unreadable) > 100:
+        summary.errors.append(f"... and {len(manifest.unreadable) - 100} more unreadable source entries")
+    return [code for _, _, code in manifest.unreadable]
+
+
+def _open_log(path: Optional[str]):
+    """The interval log (``--log``), opened for appending (the CLI has checked it already)."""
+    if not path:
+        return None
+    try:
+        return open(path, "a")
+    except OSError as e:
+        raise AutomdtError(f"{path}: cannot write the interval log: {e.strerror}", errors.USAGE) from None
+
+
 def _ints(pair) -> Tuple[int, int]:
     return int(pair[0]), int(pair[1])
-
-
-def _install_signal_handlers():
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, frame):
-        raise Stop(128 + signum)
-
-    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
-
-def _restore_signal_handlers(old) -> None:
-    if old:
-        for s, h in old.items():
-            signal.signal(s, h)

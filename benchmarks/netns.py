@@ -13,6 +13,11 @@ deletes its end of the veth pair, so ``close()`` leaves nothing behind. ``close(
         link.exec_argv("b", ["iperf3", "-s", "-B", link.addr_b])   # argv for subprocess
         link.exec_argv("a", ["iperf3", "-c", link.addr_b, "-t", "5"])
 
+Each namespace gets its own /etc/hosts (``/etc/netns/<name>/hosts``, which ``ip netns exec``
+mounts over /etc/hosts) naming both addresses, and the machine's host name as that namespace's
+own address, so programs that look their own address up (globus-gridftp-server does) resolve
+it without a DNS server.
+
 The rate limit is a tbf (or htb) qdisc on the egress of each veth end (this kernel has tbf and
 htb, but no netem, fq or police), so data A -> B and its ACKs B -> A see the same link.
 No delay is added: the kernel offers no delay qdisc here.
@@ -23,6 +28,7 @@ import atexit
 import os
 import re
 import shutil
+import socket
 import subprocess
 import uuid
 from typing import List, Optional, Sequence, Tuple
@@ -70,6 +76,7 @@ def reap_stale(prefix: str = "amdt") -> List[str]:
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
             if _run(["ip", "netns", "del", name], check=False).returncode == 0:
                 gone.append(name)
+            shutil.rmtree(os.path.join("/etc/netns", name), ignore_errors=True)
     return gone
 
 
@@ -108,9 +115,14 @@ class NetnsPair:
             raise RuntimeError(why)
         atexit.register(self.close)
         try:
-            for ns in (self.ns_a, self.ns_b):
+            for ns, own in ((self.ns_a, self.addr_a), (self.ns_b, self.addr_b)):
                 _run(["ip", "netns", "add", ns])
                 self._created.append(ns)
+                etc = os.path.join("/etc/netns", ns)
+                os.makedirs(etc, exist_ok=True)
+                with open(os.path.join(etc, "hosts"), "w") as f:  # the host name is this namespace's address
+                    f.write(f"127.0.0.1\tlocalhost\n{own}\t{socket.gethostname()}\n"
+                            f"{self.addr_a}\tnetns-a\n{self.addr_b}\tnetns-b\n")
             _run(["ip", "link", "add", self.if_a, "type", "veth", "peer", "name", self.if_b])
             self._veth = True
             _run(["ip", "link", "set", self.if_a, "netns", self.ns_a])
@@ -167,6 +179,7 @@ class NetnsPair:
             _run(["ip", "link", "del", self.if_a], check=False)
         for ns in reversed(self._created):
             _run(["ip", "netns", "del", ns], check=False)
+            shutil.rmtree(os.path.join("/etc/netns", ns), ignore_errors=True)
         self._created.clear()
         try:
             atexit.unregister(self.close)

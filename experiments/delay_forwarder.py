@@ -16,8 +16,9 @@ emulated ACK travelling back), i.e. for one emulated RTT. When ``window`` bytes 
 forwarder stops reading that side (``pause_reading``), the kernel buffers fill and the sender
 blocks, exactly like a sender whose window is full. One connection therefore moves at most
 ``window / delay_s`` bytes per second, N connections ``N * window / delay_s``: the bandwidth-delay
-product of a real path with a window cap. Memory is bounded by ``window`` plus one socket read
-(256 KiB) plus the outgoing transport's write-buffer high-water mark per direction and connection.
+product of a real path with a window cap. A read never takes more than the room left in the
+window, so the cap is exact. Memory is bounded by ``window`` plus the outgoing transport's
+write-buffer high-water mark (256 KiB) per direction and connection.
 
 Rate (``rate_bps``, bytes per second, the project's convention for ``*_bps``): a link shared by
 all connections in each direction; a chunk is serialised at ``rate_bps`` after the chunks before
@@ -53,26 +54,36 @@ Address = Tuple[str, int]
 
 DEFAULT_WINDOW = 4 * 1024 * 1024     # bytes in flight per connection and direction
 _WRITE_HIGH = 256 * 1024             # outgoing transport buffer high-water mark
+_READ_MAX = 256 * 1024               # largest single socket read
 _START_TIMEOUT_S = 5.0
 _STOP_TIMEOUT_S = 5.0
 _CONNECT_TIMEOUT_S = 5.0
 
 
-class _Side(asyncio.Protocol):
-    """One socket of a forwarded connection: ``which`` is ``"c"`` (client) or ``"t"`` (target)."""
+class _Side(asyncio.BufferedProtocol):
+    """One socket of a forwarded connection: ``which`` is ``"c"`` (client) or ``"t"`` (target).
+
+    Reads go into a buffer no larger than the room left in the direction's window
+    (:class:`asyncio.BufferedProtocol`), so that at most ``window`` bytes are ever in flight (a
+    plain protocol reads up to 256 KiB at a time and would overshoot the window by one read)."""
 
     def __init__(self, conn: "_Connection", which: str):
         self.conn = conn
         self.which = which
         self.transport: Optional[asyncio.Transport] = None
+        self._buf = bytearray(_READ_MAX)
 
     def connection_made(self, transport):  # noqa: D401 - asyncio callback
         self.transport = transport
         transport.set_write_buffer_limits(high=_WRITE_HIGH)
         self.conn.side_made(self)
 
-    def data_received(self, data):
-        self.conn.pipe_from(self.which).push(data)
+    def get_buffer(self, sizehint):
+        room = self.conn.fwd.window - self.conn.pipe_from(self.which).held
+        return memoryview(self._buf)[:max(1, min(_READ_MAX, room))]
+
+    def buffer_updated(self, nbytes):
+        self.conn.pipe_from(self.which).push(bytes(self._buf[:nbytes]))
 
     def eof_received(self):
         self.conn.pipe_from(self.which).push(None)
@@ -266,7 +277,7 @@ class DelayForwarder:
     """
 
     def __init__(self, listen: Address, target: Address, delay_s: float, rate_bps: Optional[float] = None,
-                 *, window: int = DEFAULT_WINDOW):
+                 *, window: int = DEFAULT_WINDOW, rcvbuf: int = 0):
         if delay_s < 0:
             raise ValueError(f"delay_s must be >= 0, got {delay_s}")
         if rate_bps is not None and rate_bps < 0:
@@ -279,6 +290,10 @@ class DelayForwarder:
         self.half_delay = self.delay_s / 2.0
         self.rate_bps = float(rate_bps) if rate_bps else 0.0
         self.window = int(window)
+        self.rcvbuf = int(rcvbuf)
+        """``SO_RCVBUF`` of the accepted (client-side) sockets; 0: the kernel's autotuning. A small
+        value keeps the client's data in its own send buffer while the window is full, as on a
+        real path, instead of megabytes of it in this hop's receive buffer."""
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._server = None
@@ -335,9 +350,16 @@ class DelayForwarder:
         loop = self._loop
         asyncio.set_event_loop(loop)
         try:
-            self._server = loop.run_until_complete(loop.create_server(
-                lambda: _Side(_Connection(self), "c"), self.listen[0], self.listen[1],
-                reuse_address=True, backlog=128))
+            if self.rcvbuf:
+                lsock = socket.socket(socket.AF_INET6 if ":" in self.listen[0] else socket.AF_INET, socket.SOCK_STREAM)
+                lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                lsock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)  # inherited by accepted sockets
+                lsock.bind(self.listen)
+                server = loop.create_server(lambda: _Side(_Connection(self), "c"), sock=lsock, backlog=128)
+            else:
+                server = loop.create_server(lambda: _Side(_Connection(self), "c"), self.listen[0], self.listen[1],
+                                            reuse_address=True, backlog=128)
+            self._server = loop.run_until_complete(server)
             self._port = self._server.sockets[0].getsockname()[1]
         except BaseException as exc:  # noqa: BLE001 - handed to the caller of start()
             error.append(exc)
@@ -601,6 +623,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--window", default=str(DEFAULT_WINDOW),
                    help="bytes in flight per connection and direction (default 4Mi): throughput per "
                         "connection <= window / delay")
+    p.add_argument("--rcvbuf", default="0",
+                   help="SO_RCVBUF of the accepted connections (default 0: kernel autotuning); a small value keeps "
+                        "the sender's data in its own send buffer while the window is full")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until ^C)")
     args = p.parse_args(argv)
     try:
@@ -608,7 +633,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         target = parse_hostport(args.target)
         rate = parse_size(args.rate, "rate") if args.rate else None
         window = parse_size(args.window, "window")
-        fwd = DelayForwarder(listen, target, args.delay_ms / 1e3, rate, window=window)
+        fwd = DelayForwarder(listen, target, args.delay_ms / 1e3, rate, window=window,
+                             rcvbuf=parse_size(args.rcvbuf, "rcvbuf"))
         fwd.start()
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"delay_forwarder: {exc}", file=sys.stderr)

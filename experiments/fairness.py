@@ -87,6 +87,15 @@ class SharedLink:
         self.teardown()
 
     def setup(self) -> None:
+        self.setup_veth()
+        rate_bit = int(self.rate_bps * 8)
+        # burst: ~4 ms at the link rate (at least 64 KiB); queue: 20 ms of the rate.
+        burst = max(64 * 1024, int(self.rate_bps * 0.004))
+        _sh("ip", "netns", "exec", self.snd, "tc", "qdisc", "add", "dev", self.if_snd, "root", "tbf",
+            "rate", f"{rate_bit}bit", "burst", str(burst), "latency", "20ms")
+
+    def setup_veth(self) -> None:
+        """The two namespaces, the veth pair and its addresses, without a qdisc."""
         for ns in (self.snd, self.rcv):
             _sh("ip", "netns", "add", ns)
             self.created.append(ns)
@@ -97,11 +106,6 @@ class SharedLink:
         _sh("ip", "-n", self.rcv, "addr", "add", f"{self.ip_rcv}/30", "dev", self.if_rcv)
         _sh("ip", "-n", self.snd, "link", "set", self.if_snd, "up")
         _sh("ip", "-n", self.rcv, "link", "set", self.if_rcv, "up")
-        rate_bit = int(self.rate_bps * 8)
-        # burst: ~4 ms at the link rate (at least 64 KiB); queue: 20 ms of the rate.
-        burst = max(64 * 1024, int(self.rate_bps * 0.004))
-        _sh("ip", "netns", "exec", self.snd, "tc", "qdisc", "add", "dev", self.if_snd, "root", "tbf",
-            "rate", f"{rate_bit}bit", "burst", str(burst), "latency", "20ms")
 
     def teardown(self) -> None:
         for ns in reversed(self.created):

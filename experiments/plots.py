@@ -49,14 +49,9 @@ def timeseries_grid(path: str, title: str, runs: Sequence[Any], achievable_bps: 
     for i, r in enumerate(runs):
         t = _col(r.rows, "t")
         ax_t, ax_x = axes[i]
-        for s, opt, dy in zip(("read", "net", "write"), optimum, (0.12, 0.0, -0.12)):
-            # threads of the interval ending at t (step "pre"), from t = 0; offset so equal counts stay visible
-            n = _col(r.rows, f"threads_{s}")
-            tt = np.concatenate([[0.0], t]) if len(t) else t
-            nn = np.concatenate([n[:1], n]) if len(n) else n
-            ax_t.step(tt, nn + dy, where="pre", color=STAGE_COLORS[s], label=s, lw=1.5)
+        _threads_and_rates(ax_t, ax_x, r.rows)
+        for s, opt in zip(("read", "net", "write"), optimum):
             ax_t.axhline(opt, color=STAGE_COLORS[s], ls=":", lw=0.8)
-            ax_x.plot(t, _col(r.rows, f"tput_{s}") / MB, color=STAGE_COLORS[s], label=s, lw=1.2)
         ax_x.axhline(achievable_bps / MB, color="k", ls="--", lw=0.8, label="achievable")
         ax_x.axhline(0.9 * achievable_bps / MB, color="k", ls=":", lw=0.6)
         conv = getattr(r, "metrics", {}).get("conv_s")
@@ -75,6 +70,18 @@ def timeseries_grid(path: str, title: str, runs: Sequence[Any], achievable_bps: 
     axes[-1][1].set_xlabel("seconds")
     fig.suptitle(title)
     return _save(fig, path)
+
+
+def _threads_and_rates(ax_t, ax_x, rows: Sequence[Dict[str, Any]]) -> None:
+    """Each stage's thread count (left axes) and throughput (right axes) over time."""
+    t = _col(rows, "t")
+    for s, dy in zip(("read", "net", "write"), (0.12, 0.0, -0.12)):
+        # threads of the interval ending at t (step "pre"), from t = 0; offset so equal counts stay visible
+        n = _col(rows, f"threads_{s}")
+        tt = np.concatenate([[0.0], t]) if len(t) else t
+        nn = np.concatenate([n[:1], n]) if len(n) else n
+        ax_t.step(tt, nn + dy, where="pre", color=STAGE_COLORS[s], label=s, lw=1.5)
+        ax_x.plot(t, _col(rows, f"tput_{s}") / MB, color=STAGE_COLORS[s], label=s, lw=1.2)
 
 
 def delivered_overlay(path: str, panels: Sequence[Dict[str, Any]]) -> str:
@@ -140,6 +147,46 @@ def fairness_plot(path: str, title: str, pairs: Sequence[Dict[str, Any]], link_b
         if i == 0:
             ax_x.legend(fontsize=7)
             ax_t.legend(fontsize=6, ncol=2)
+    axes[-1][0].set_xlabel("seconds")
+    axes[-1][1].set_xlabel("seconds")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def changing_timeseries(path: str, title: str, runs: Sequence[Any], changes: Sequence[float],
+                        phases: Sequence[Dict[str, Any]]) -> str:
+    """One row per run of a changing path: thread counts (left) and stage throughputs (right), with
+    the path's changes (vertical lines, in each run's own clock: ``run.extra["change_t"]`` when
+    set, else ``changes``) and each phase's achievable rate (dashed steps; ``phases``: ``{"start_s",
+    "achievable_bps"}``)."""
+    n = max(1, len(runs))
+    fig, axes = _subplots(n, 2, (11, 2.1 * n + 0.8), sharex=True)
+    for i, r in enumerate(runs):
+        t = _col(r.rows, "t")
+        ax_t, ax_x = axes[i]
+        cts = (getattr(r, "extra", {}) or {}).get("change_t") or list(changes)
+        _threads_and_rates(ax_t, ax_x, r.rows)
+        starts = [0.0] + list(cts)
+        end = float(t[-1]) if len(t) else (starts[-1] + 10.0)
+        for j, ph in enumerate(phases):
+            a = ph.get("achievable_bps")
+            if a is None or j >= len(starts):
+                continue
+            hi = starts[j + 1] if j + 1 < len(starts) else max(end, starts[j])
+            ax_x.hlines(a / MB, starts[j], hi, colors="k", linestyles="--", lw=0.8)
+            ax_x.hlines(0.9 * a / MB, starts[j], hi, colors="k", linestyles=":", lw=0.6)
+        for c in cts:
+            ax_t.axvline(c, color="gray", lw=0.8)
+            ax_x.axvline(c, color="gray", lw=0.8)
+        ax_t.set_ylabel(f"{r.policy}\nthreads")
+        ax_x.set_ylabel("MB/s")
+        ax_t.set_ylim(bottom=0)
+        ax_x.set_ylim(bottom=0)
+        if i == 0:
+            ax_t.set_title("thread counts (grey: the path changes)")
+            ax_x.set_title("stage MB/s (dashed: achievable, dotted: 90%)")
+            ax_t.legend(loc="upper right", fontsize=7, ncol=3)
+            ax_x.legend(loc="lower right", fontsize=7, ncol=3)
     axes[-1][0].set_xlabel("seconds")
     axes[-1][1].set_xlabel("seconds")
     fig.suptitle(title)

@@ -90,7 +90,7 @@ def ppo_default_info() -> Dict[str, Any]:
     import hashlib
     from importlib import resources
 
-    p = str(resources.files("automdt").joinpath("data", "default_policy.zip"))
+    p = str(resources.files("automdt").joinpath("data").joinpath("default_policy.zip"))
     if not os.path.exists(p):
         return {"available": False, "path": p, "reason": f"{p} does not exist (not trained/shipped yet)"}
     h = hashlib.sha256()

@@ -211,22 +211,27 @@ def _profile(args: argparse.Namespace) -> Any:
 
 
 def add_tune_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--storage", required=True, metavar="URL",
+    from automdt import cli_args as A
+
+    p.add_argument("--storage", required=True, metavar="URL", type=A.nonempty,
                    help="study storage shared by every process: sqlite:///sweep.db (or another SQLAlchemy URL), "
                         "or journal:PATH (Optuna's journal file, no server)")
-    p.add_argument("--study-name", required=True, metavar="NAME", help="the study (created if missing)")
-    p.add_argument("--trials", type=int, default=10, help="trials this process runs (default 10)")
-    p.add_argument("--timesteps", type=int, default=50_000, help="training steps per trial (default 50000)")
-    p.add_argument("--profile", metavar="PROFILE.yaml", help="path profile to train and score on (default: built-in)")
+    p.add_argument("--study-name", required=True, metavar="NAME", type=A.nonempty,
+                   help="the study (created if missing)")
+    p.add_argument("--trials", type=A.integer(1), default=10, help="trials this process runs (default 10)")
+    p.add_argument("--timesteps", type=A.integer(1), default=50_000, help="training steps per trial (default 50000)")
+    p.add_argument("--profile", metavar="PROFILE.yaml", type=A.nonempty,
+                   help="path profile to train and score on (default: built-in)")
     p.add_argument("--random-profiles", action="store_true", help="train on randomised profiles, score on held-out ones")
-    p.add_argument("--k", type=float, default=1.02, help="utility base per thread of the score (default 1.02)")
-    p.add_argument("--seed", type=int, default=0, help="training seed of trial 0 (trial n uses seed + n)")
-    p.add_argument("--sampler-seed", type=int, default=None,
+    p.add_argument("--k", type=A.number(1.0, 2.0, what="a utility base"), default=1.02,
+                   help="utility base per thread of the score, 1..2 (default 1.02)")
+    p.add_argument("--seed", type=A.integer(0), default=0, help="training seed of trial 0 (trial n uses seed + n)")
+    p.add_argument("--sampler-seed", type=A.integer(0), default=None,
                    help="seed of this process's TPE sampler (default: random, so processes explore differently)")
-    p.add_argument("--startup-trials", type=int, default=4, help="random trials before TPE and pruning (default 4)")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="stop starting trials after this long")
-    p.add_argument("--trial-seconds", type=float, default=None, metavar="SECONDS", help="wall-time cap of one trial")
-    p.add_argument("--keep", metavar="DIR", help="keep every trial's policy zip in DIR")
+    p.add_argument("--startup-trials", type=A.integer(0), default=4, help="random trials before TPE and pruning (default 4)")
+    p.add_argument("--timeout", type=A.seconds(), default=None, metavar="SECONDS", help="stop starting trials after this long")
+    p.add_argument("--trial-seconds", type=A.seconds(), default=None, metavar="SECONDS", help="wall-time cap of one trial")
+    p.add_argument("--keep", metavar="DIR", type=A.nonempty, help="keep every trial's policy zip in DIR (an existing directory)")
     p.add_argument("--json", action="store_true", help="print the study summary as JSON")
 
 

@@ -10,6 +10,9 @@ for a real study (or run ``papermill -p duration_s 20 ...``).
   simulator against the oracle.
 * ``explore_train_transfer.ipynb``: explore a throttled path, fit a profile, train a PPO policy on
   it with a small budget, evaluate it in the simulator against the oracle, then transfer with it.
+* ``changing_paths.ipynb``: the policies on a path that changes during the transfer (a moving
+  bottleneck, a link that halves, a competing transfer; or your own throttle schedule): time back
+  to 90% after each change, completion times; and a changing episode in the simulator.
 """
 from __future__ import annotations
 
@@ -43,11 +46,12 @@ def compare_policies():
     md, code = new_markdown_cell, new_code_cell
     return _nb([
         _params('''
-# Parameters (papermill style). The defaults are small so that the test suite runs this quickly;
-# for a real comparison use e.g. duration_s = 20 and all of automdt.experiments.runner.ALL_POLICIES.
+# Parameters (papermill style). 15 s per transfer, as `python -m automdt.experiments bottlenecks`:
+# runs under 10 s cannot converge, and their checks read n/a (the test suite injects 3 s runs to
+# test the plumbing only). For a full comparison add the rest of automdt.experiments.runner.ALL_POLICIES.
 scenario = "read-bound"           # read-bound | net-bound | write-bound
-policies = ["ppo", "marlin", "oracle"]  # "ppo" is skipped (with the reason) while no policy is shipped
-duration_s = 4.0                  # seconds per transfer
+policies = ["ppo", "marlin", "oracle"]  # ppo: the shipped default policy (skipped, with the reason, only if its file is missing)
+duration_s = 15.0                 # seconds per transfer
 out = "runs"                      # run directories go here
 seed = 0
 sim_steps = 30                    # control intervals per simulated episode
@@ -244,7 +248,109 @@ print("kept:", sorted(os.listdir(work)))'''),
     ])
 
 
-NOTEBOOKS = {"compare_policies.ipynb": compare_policies, "explore_train_transfer.ipynb": explore_train_transfer}
+def changing_paths():
+    md, code = new_markdown_cell, new_code_cell
+    return _nb([
+        _params('''
+# Parameters (papermill style). The defaults are the short variant the test suite runs; for a real
+# study use quick = False and every policy (see automdt.experiments.changing.CHANGING_POLICIES).
+scenario = "moving-bottleneck"   # moving-bottleneck (loopback) | link-halves | competing-transfer (root)
+policies = ["ppo", "marlin", "oracle-phases"]
+quick = True                     # changes at half the times, half the data
+schedule_file = None             # a throttle schedule of your own (YAML {at, throttle} list): scenario "schedule"
+out = "runs"
+seed = 0
+'''),
+        md('''# Changing paths: does the tuner follow a bottleneck that moves?
+
+The AutoMDT slides sell the joint agent on adapting "to changing network conditions in real time".
+This notebook runs the policies **on the real engine while the path changes** at fixed times, with
+`python -m automdt.experiments changing`'s helpers:
+
+* `moving-bottleneck`: a throttle schedule (`automdt transfer --throttle @FILE` takes the same file)
+  makes the path read-bound, then write-bound: the optimum moves from (8, 2, 2) to (2, 2, 8);
+* `link-halves` / `competing-transfer` (need root): a `tc tbf` link between two network namespaces,
+  with the delay forwarder's RTT, halves and recovers, or a second transfer joins and leaves it.
+
+For each change: seconds until the transfer is back at 90% of the new achievable rate; and the
+completion time of the whole copy. `oracle-phases` switches to each phase's optimum at the change
+times (it knows the future; no tuner does).'''),
+        code('''import os
+import pandas as pd
+from IPython.display import Image, Markdown, display
+
+from automdt.experiments import run
+from automdt.experiments.changing import changing_scenarios
+from automdt.experiments.scenarios import MB
+
+st = run.Settings(out=out, seed=seed, quick=quick, policies=policies,
+                  scenarios=["schedule" if schedule_file else scenario],
+                  throttle=("@" + schedule_file) if schedule_file else None)
+exp = run.changing(st)
+print("run directory:", exp.path)
+if exp.skipped:
+    print("skipped:", exp.skipped)'''),
+        md("Thread counts (left) and stage throughputs (right) over time, one row per policy; grey lines: "
+           "the path changes; dashed: each phase's achievable rate, dotted: 90% of it."),
+        code('''name = st.scenarios[0]
+png = os.path.join(exp.path, f"changing-{name}.png")
+if os.path.exists(png):
+    display(Image(filename=png))'''),
+        md("## The tables of `results.md`"),
+        code('''display(Markdown("\\n".join(l for l in exp.results_md().splitlines() if not l.startswith("!["))))'''),
+        md("## Per change, per policy\n\n`runs.csv` has one line per transfer; `time_to_90` lists the seconds to "
+           "90% from the start and after each change (`None`: not within that phase)."),
+        code('''rows = []
+for r in exp.results:
+    ttf = r.extra.get("time_to_90") or []
+    rows.append({"policy": r.policy, "completion_s": round(r.extra.get("completion_s") or float("nan"), 2),
+                 **{("from start" if i == 0 else f"after change {i}"): (None if x is None else round(x, 1))
+                    for i, x in enumerate(ttf)},
+                 **{f"mean {s} threads": round(r.metrics.get(f"mean_threads_{s}", float("nan")), 1)
+                    for s in ("read", "net", "write")}})
+pd.DataFrame(rows).set_index("policy")'''),
+        code('''import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(7, 3.5))
+for r in exp.results:
+    t = [x["t"] for x in r.rows]
+    ax.plot(t, [x["tput_write"] / MB for x in r.rows], marker="o", ms=2, label=r.policy)
+for c in (exp.results[0].extra.get("change_t") or []) if exp.results else []:
+    ax.axvline(c, color="gray", lw=0.8)
+ax.set_xlabel("seconds"); ax.set_ylabel("delivered MB/s"); ax.set_ylim(bottom=0); ax.legend(fontsize=8)
+plt.show()'''),
+        md('''## The same kind of change in the simulator
+
+`ProfileChanges` gives training episodes a profile that changes mid-episode (here: the read-bound
+path's stages rescaled at a random step), so that a policy trained with it has seen a moving
+bottleneck. One such episode, the thread counts and the delivered rate of Marlin, and the oracle
+before and after the change:'''),
+        code('''from automdt.agents.registry import make_policy
+from automdt.simulator import BufferSimEnv, ProfileChanges
+from automdt.experiments.scenarios import SCENARIOS
+
+prof = SCENARIOS["read-bound"].profile()
+env = BufferSimEnv(prof, episode_steps=30, random_start=False,
+                   changes=ProfileChanges(probability=1.0, max_changes=1, factor_range=(0.25, 4.0)))
+_, info = env.reset(seed=seed + 3, options={"threads": (1, 1, 1)})
+before = env.episode_oracle().threads
+pol = make_policy("marlin", 32)
+pol.reset(32, seed)
+trace = []
+for step in range(30):
+    _, _, _, _, info = env.step_threads(pol.act(info["observation"]))
+    o = info["observation"]
+    trace.append({"step": step + 1, "changes": info["sim/profile_changes"], "threads": o.threads,
+                  "delivered MB/s": round(o.throughput_bps[2] / MB, 1)})
+print("oracle before the change:", before, " after:", env.episode_oracle().threads)
+pd.DataFrame(trace).set_index("step").T'''),
+        md("Re-run exactly: the run directory's `config.json` has the seed, the scenario with its changes, the "
+           "policy specs and the git commit, and `rerun` is the equivalent command line."),
+    ])
+
+
+NOTEBOOKS = {"compare_policies.ipynb": compare_policies, "explore_train_transfer.ipynb": explore_train_transfer,
+             "changing_paths.ipynb": changing_paths}
 
 
 def build(dest: str = HERE) -> list:

@@ -69,7 +69,7 @@ import numpy as np
 from automdt.simulator.dynamics import run_interval
 from automdt.simulator.profile import STAGES, Profile, ProfileError, StageProfile, capacity_array
 
-__all__ = ["fit_profile", "fit_contention", "synthetic_samples"]
+__all__ = ["fit_profile", "fit_contention", "synthetic_samples", "stage_confidence", "weak_fit_reasons", "MIN_FIT_SAMPLES"]
 
 _MAD_TO_STD = 1.4826
 
@@ -484,3 +484,46 @@ def _usl_fit(n: np.ndarray, cap: np.ndarray, base: StageProfile, max_threads: in
     st = StageProfile(tpt=tpt, bandwidth=bw, tpt_spread=base.tpt_spread, bandwidth_spread=base.bandwidth_spread,
                       contention=sig, coherency=kap)
     return st, evidence
+
+
+# ---------------------------------------------------------------------------------------------
+# How far a fit can be trusted (``automdt explore`` prints this and refuses a weak fit)
+
+MIN_FIT_SAMPLES = 10
+"""Fewer exploration intervals than this make a weak fit, whatever they show."""
+
+
+def stage_confidence(profile: Profile) -> dict[str, dict[str, Any]]:
+    """Per stage: samples used, the spreads, and whether each value was measured or is only a
+    lower bound (from ``profile.meta["fit"]``; a profile without it counts as measured)."""
+    details = ((profile.meta or {}).get("fit") or {}).get("stages") or {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, st in zip(STAGES, profile.stages):
+        info = details.get(name) or {}
+        out[name] = {
+            "tpt": float(st.tpt), "bandwidth": float(st.bandwidth),
+            "tpt_measured": not info.get("tpt_lower_bound", False),
+            "bandwidth_measured": not info.get("bandwidth_lower_bound", False),
+            "tpt_spread": float(st.tpt_spread), "bandwidth_spread": float(st.bandwidth_spread),
+            "samples_used": int(info.get("samples_used", 0)),
+            "few_samples": bool(info.get("few_samples", False)),
+        }
+    return out
+
+
+def weak_fit_reasons(profile: Profile, min_samples: int = MIN_FIT_SAMPLES) -> list[str]:
+    """Why the fit of ``profile`` cannot be stood behind (empty: it can).
+
+    A fit is weak when it rests on fewer than ``min_samples`` intervals, or when no stage limited
+    the path long enough to be measured (every value is then a lower bound, and the simulator's
+    bottleneck and oracle are guesses).
+    """
+    fit = (profile.meta or {}).get("fit") or {}
+    reasons = []
+    n = int(fit.get("n_samples", 0))
+    if n < min_samples:
+        reasons.append(f"only {n} intervals were usable (at least {min_samples} needed)")
+    conf = stage_confidence(profile)
+    if all(c["few_samples"] for c in conf.values()):
+        reasons.append("no stage limited the path long enough to be measured (every value is a lower bound)")
+    return reasons

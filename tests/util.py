@@ -23,13 +23,18 @@ def trees_identical(a, b):
     return p.returncode == 0, p.stdout + p.stderr
 
 
-def run_cli(*args, timeout=120, env=None, check_json=True):
-    """Run `python -m automdt ...`; returns (exit code, parsed --json summary or None, stderr)."""
+def run_cli(*args, timeout=120, env=None, check_json=True, allow_internal_error=False):
+    """Run `python -m automdt ...`; returns (exit code, parsed --json summary or None, stderr).
+
+    Every run also checks that no user-reachable path printed an "internal error" (a bug's
+    catch-all) or a traceback, unless ``allow_internal_error``."""
     if args and args[0] == "transfer" and "--threads" not in args and "--policy" not in args:
         args = args + ("--threads", "2,2,2")  # static counts unless the test is about policies
     e = dict(os.environ)
     e.update(env or {})
     p = subprocess.run([sys.executable, "-m", "automdt", *args], capture_output=True, text=True, timeout=timeout, env=e)
+    if not allow_internal_error and "--debug" not in args:
+        assert "internal error" not in p.stderr and "Traceback" not in p.stderr, p.stderr
     summary = None
     if check_json and "--json" in args and p.stdout.strip():
         summary = json.loads(p.stdout.strip().splitlines()[-1])

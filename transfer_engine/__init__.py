@@ -18,6 +18,7 @@ try:
         SenderStats,
         StageStats,
         frame_hash,
+        trim_cache,
     )
 except ImportError as exc:  # pragma: no cover - only without a built extension
     raise ImportError(
@@ -37,4 +38,5 @@ __all__ = [
     "StageStats",
     "TOKEN_LEN",
     "TLS_KEY_LEN",
+    "trim_cache",
 ]

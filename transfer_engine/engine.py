@@ -32,6 +32,7 @@ __all__ = [
     "TLS_KEY_LEN",
     "CHUNK_SIZE_MAX",
     "frame_hash",
+    "trim_cache",
 ]
 
 TOKEN_LEN: int = _engine.TOKEN_LEN
@@ -48,6 +49,16 @@ def frame_mix(file_id: int, offset: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
     return z ^ (z >> 31)
+
+
+def trim_cache(max_age_s: float = 0.0) -> None:
+    """Free the staging-slot memory that closed engines left for the next one, if it was kept
+    ``max_age_s`` seconds or longer (0: now). Closed engines keep up to the largest buffer
+    they used (at most 1 GiB) for 60 s, so that the next engine of a long-running process (a
+    receiving daemon's next session) does not fault fresh memory in; this hands it back sooner."""
+    if not isinstance(max_age_s, (int, float)) or isinstance(max_age_s, bool) or max_age_s < 0:
+        raise ValueError(f"max_age_s must be a number >= 0, got {max_age_s!r}")
+    _engine.trim_cache(float(max_age_s))
 
 
 def frame_hash(payload: bytes, file_id: int, offset: int) -> int:
@@ -154,6 +165,8 @@ def _stage(t: tuple[int, int, int, int, int, int]) -> StageStats:
 
 
 def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    if type(value) is int and value >= lo and (hi is None or value <= hi):
+        return value  # the common case first: this runs several times per file on the data path
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an int, got {type(value).__name__}")
     if value < lo or (hi is not None and value > hi):
@@ -239,6 +252,11 @@ class Sender(_Engine):
     :param threads: ``(read, net)`` thread counts to start with.
     :param tls_key: 32 bytes: every data connection speaks TLS 1.3 keyed with it (external
         PSK + ECDHE, no certificates; the receiver must hold the same key). None: plain TCP.
+    :param zerocopy: on plain connections, readers hash each chunk through a small buffer and
+        network threads send the payload with ``sendfile()`` straight from the page cache (no
+        copy in the staging buffer; the buffer's byte cap then bounds what was read ahead and
+        not sent yet). False, TLS, or the environment variable ``AUTOMDT_SENDFILE=0``: chunks
+        are copied into the staging buffer and sent from there. See :attr:`zerocopy`.
     """
 
     def __init__(
@@ -256,6 +274,7 @@ class Sender(_Engine):
         *,
         threads: tuple[int, int] = (1, 1),
         tls_key: Optional[bytes] = None,
+        zerocopy: bool = True,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise ValueError("host must be a non-empty string")
@@ -270,7 +289,13 @@ class Sender(_Engine):
         self.max_threads = max_threads
         self.encrypted = tls_key is not None
         self._e = _engine.Sender(host, port, bytes(token), chunk_size, memory_bytes, max_threads,
-                                 rt, rT, nt, nT, sndbuf, fault_corrupt, nr, nn, _check_key(tls_key))
+                                 rt, rT, nt, nT, sndbuf, fault_corrupt, nr, nn, _check_key(tls_key),
+                                 bool(zerocopy))
+
+    @property
+    def zerocopy(self) -> bool:
+        """True when payloads are sent with ``sendfile()`` from the page cache (see __init__)."""
+        return bool(self._e.zerocopy)
 
     @staticmethod
     def _check_threads(threads: Sequence[int], max_threads: int) -> tuple[int, int]:

@@ -44,6 +44,7 @@ def test_receiver_metrics_scraped_and_parsed(tmp_path, make_tree):
     root.mkdir()
     secret = tmp_path / "secret"
     secret.write_bytes(b"metrics-test-secret")
+    secret.chmod(0o600)  # a secret open to others is refused
     rp = ReceiverProc(str(root), str(secret), str(tmp_path), extra=["--metrics", "127.0.0.1:0"]).start()
     try:
         port = _metrics_port(rp)
@@ -54,6 +55,7 @@ def test_receiver_metrics_scraped_and_parsed(tmp_path, make_tree):
         # a sender with the wrong secret: a rejected control connection
         bad = tmp_path / "bad"
         bad.write_bytes(b"wrong")
+        bad.chmod(0o600)
         code, _, err = run_cli("transfer", src, rp.dest + "/x", "--secret-file", str(bad), "--retries", "0")
         assert code == errors.FATAL, err
         code, s, err = run_cli("transfer", src, rp.dest + "/run", "--secret-file", str(secret), "--json")

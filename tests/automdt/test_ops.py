@@ -56,9 +56,15 @@ def test_overlapping_runs_second_exits_lock_busy_at_once(make_tree, tmp_path):
     try:
         time.sleep(1.0)
         t0 = time.monotonic()
-        code, _, err = run_cli("transfer", src, str(dst), "-q", "--lock-file", str(lock))
+        code, _, err = run_cli("transfer", src, str(dst), "--lock-file", str(lock))
         assert code == errors.LOCK_BUSY and "lock" in err
         assert time.monotonic() - t0 < 3.0  # includes interpreter start-up
+        # cron: --quiet says nothing on stderr for a skipped run, the summary file still tells
+        summ = tmp_path / "skipped.json"
+        code, _, err = run_cli("transfer", src, str(dst), "-q", "--lock-file", str(lock), "--summary-file", str(summ))
+        assert code == errors.LOCK_BUSY and err == ""
+        d = json.loads(summ.read_text())
+        assert d["exit_code"] == errors.LOCK_BUSY and "lock" in d["errors"][0]
     finally:
         first.kill()
         first.wait(10)

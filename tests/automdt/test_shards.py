@@ -205,6 +205,7 @@ def test_shards_from_separate_namespaces_into_one_shared_destination(tmp_path, m
     shared.mkdir()
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET)
+    secret.chmod(0o600)  # a secret open to others is refused
     py = sys.executable
     receivers, senders = [], []
     port = 5214

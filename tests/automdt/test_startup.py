@@ -56,7 +56,7 @@ def test_verify_and_explore_import_no_ml_framework(make_tree, tmp_path):
     assert not mods & set(HEAVY), sorted(mods & set(HEAVY))
     code, mods, msgs = _run(["explore", src, str(tmp_path / "xdst"), "--duration", "4", "--interval", "0.5",
                              "--max-threads", "4", "--throttle", "read.total=4M", "-o", str(tmp_path / "p.yaml"),
-                             "-q"], tmp_path)
+                             "-q", "--allow-weak-fit"], tmp_path)  # 4 s: too short a fit to be trusted
     assert code == 0, msgs
     assert (tmp_path / "p.yaml").is_file()
     assert "numpy" in mods and not mods & set(HEAVY), sorted(mods & set(HEAVY))

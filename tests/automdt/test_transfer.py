@@ -165,6 +165,7 @@ def receiver_proc(tmp_path):
     root.mkdir()
     secret = tmp_path / "secret"
     secret.write_text("s3cret-for-tests\n")
+    secret.chmod(0o600)  # a secret open to others is refused
 
     def start(port=0):
         import socket
@@ -198,6 +199,7 @@ def test_remote_receiver_with_secret_and_wrong_secret(make_tree, receiver_proc, 
     assert trees_identical(src, str(root / "into" / "here"))[0]
     bad = tmp_path / "bad"
     bad.write_text("wrong")
+    bad.chmod(0o600)
     code, _, err = run_cli("transfer", src, f"127.0.0.1:{port}/other", "--json", "--secret-file", str(bad))
     assert code == errors.FATAL and "authentication" in err
     code, _, err = run_cli("transfer", src, f"127.0.0.1:{port}/other", "--json")
@@ -345,7 +347,11 @@ def test_source_file_changing_during_read_is_detected(make_tree, tmp_path):
     args = [sys.executable, "-m", "automdt", "transfer", src, str(dst), "--json", "--threads", "1,1,1",
             "--chunk-size", str(CHUNK), "--memory", "1Mi", "--throttle", "read.total=1M"]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)
+    # once the file is being read (its partial exists): a fixed sleep raced the start-up under load
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (dst.exists() and any(n.endswith(".part") for n in os.listdir(dst))):
+        time.sleep(0.02)
+    time.sleep(0.2)
     with open(os.path.join(src, "grow.bin"), "ab") as f:
         f.write(b"more data")
     out, err = p.communicate(timeout=60)
@@ -366,4 +372,10 @@ def test_demo_and_default_policy_transfer(tmp_path):
                capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr
     assert "transferred" in p.stdout and "exit 0" in p.stdout
+    n = int(p.stdout.split("sample dataset: ")[1].split(" files")[0])
+    assert f"verified: {n} of {n} files identical" in p.stdout
+    assert not d.exists(), "the demo leaves nothing behind without --keep"  # (make demo left 2.1 GB)
+    p = sp.run([sys.executable, "-m", "automdt", "demo", "--dir", str(d), "--size", "2Mi", "--threads", "2,2,2",
+                "--keep"], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
     assert same(str(d / "src"), str(d / "dst"))[0]

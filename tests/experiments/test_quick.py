@@ -62,6 +62,9 @@ def test_bottlenecks_quick_writes_everything(bottlenecks_dir):
         assert f"## {sc}" in md
     assert "| oracle |" in md and "| marlin |" in md and "(8, 2, 2)" in md
     assert "PPO vs Marlin" in md
+    if "ppo" in cfg["policies"]:  # 3 s runs cannot converge: the checks say so instead of failing
+        assert "**Not checked:**" in md and ": n/a (" in md and ": FAIL (" not in md
+        assert "runs this short cannot converge" in md
 
 
 def test_bottlenecks_quick_measurements_match_the_throttles(bottlenecks_dir):
@@ -167,10 +170,12 @@ def test_fairness_quick(tmp_path):
     ok, why = netns_available()
     if not ok:
         pytest.skip(why)
-    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     exp = run.fairness(_settings(tmp_path))
+    # its own namespaces are removed (other users of the machine create and remove theirs meanwhile)
+    with open(os.path.join(exp.path, "config.json")) as f:
+        own = json.load(f)["link"]["namespaces"]
     after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert after == before  # namespaces removed
+    assert own and not any(ns in after.split() for ns in own)
     assert _is_png(os.path.join(exp.path, "fairness.png"))
     pairs = read_csv(os.path.join(exp.path, "pairs.csv"))
     assert [p["policy"] for p in pairs] == ["marlin"]

@@ -312,6 +312,7 @@ def test_receive_process_survives_a_nested_json_bomb(tmp_path):
     root.mkdir()
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET)
+    secret.chmod(0o600)  # a secret open to others is refused
     rx = ReceiverProc(str(root), str(secret), str(tmp_path))
     ctx = zmq.Context()
     try:

@@ -109,9 +109,9 @@ def test_mismatched_settings_are_refused_and_nothing_is_created(tmp_path, make_t
         src = make_tree(FILES)
         s = run_transfer(src, f"127.0.0.1:{srv.port}/out",
                          opts(secret=SECRET, encrypt=sender_encrypts, timeout_s=2, retries=0))
-        assert s.exit_code == errors.NETWORK
-        assert "unreachable" in s.errors[-1]
-        assert ("--encrypt setting or secret differs" if sender_encrypts else "it requires --encrypt") in s.errors[-1]
+        # not retryable (the settings will still differ): exit 7 at once, saying which end lacks it
+        assert s.exit_code == errors.FATAL and s.attempts == 1
+        assert ("it does not use --encrypt" if sender_encrypts else "it requires --encrypt") in s.errors[-1]
         assert final_files(str(root)) == {}
     finally:
         srv.stop()

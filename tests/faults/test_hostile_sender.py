@@ -89,7 +89,7 @@ def test_hostile_name_refused_everywhere_a_name_goes(env, name):
             if where == "subdir":
                 if name in ("",) or name is None:
                     continue  # no subdir: the root itself, allowed
-                _refused(lambda: f.handshake(subdir=name))
+                _refused(lambda: f.handshake(subdir=name), code=errors.USAGE)  # a usage error, as on the sender
                 continue
             f.handshake()
             if where == "dir":

@@ -50,6 +50,7 @@ def _receiver_dirs(tmp_path):
     root.mkdir()
     secret = tmp_path / "secret"
     secret.write_text("fault-suite-secret\n")
+    secret.chmod(0o600)  # a secret open to others is refused
     logs = tmp_path / "logs"
     logs.mkdir()
     return root, secret, logs

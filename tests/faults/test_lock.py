@@ -48,6 +48,7 @@ def test_default_lock_for_a_remote_job_second_run_exits_13_within_a_second(make_
     root.mkdir()
     secret = tmp_path / "secret"
     secret.write_text("lock-secret\n")
+    secret.chmod(0o600)  # a secret open to others is refused
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
     env = dict(os.environ, XDG_RUNTIME_DIR=str(run_dir))  # the default lock lives here
@@ -62,12 +63,12 @@ def test_default_lock_for_a_remote_job_second_run_exits_13_within_a_second(make_
         assert wait_for(lambda: partial_bytes(str(root)) > 2 * CHUNK, 30)
         startup = _startup_seconds()
         t0 = time.monotonic()
-        code, _, err = run_cli(*base, "-q", env={"XDG_RUNTIME_DIR": str(run_dir)})
+        code, _, err = run_cli(*base, env={"XDG_RUNTIME_DIR": str(run_dir)})
         took = time.monotonic() - t0
-        assert code == errors.LOCK_BUSY and "lock" in err, err
+        assert code == errors.LOCK_BUSY and "lock" in err, err  # (-q would say nothing: cron)
         assert took < startup + 1.0, (took, startup)
         assert first.poll() is None  # the first run is untouched
-        assert [p.name for p in (run_dir / "automdt").iterdir()]  # the lock is where the docs say
+        assert [p.name for p in (run_dir / "automdt-locks").iterdir()]  # the lock is where the docs say
     finally:
         if first is not None and first.poll() is None:
             first.kill()

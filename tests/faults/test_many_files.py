@@ -123,6 +123,7 @@ def test_receiver_daemon_under_ulimit_256_leaks_no_descriptor_across_sessions(tm
         os.mkdir(root)
         secret = tmp_path / "secret"
         secret.write_text("many-files-secret\n")
+        secret.chmod(0o600)  # a secret open to others is refused
         rx = ReceiverProc(root, str(secret), str(tmp_path), preexec_fn=_low_nofile)
         try:
             rx.start()

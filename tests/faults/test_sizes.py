@@ -91,6 +91,7 @@ def test_verify_against_a_receiver_with_edge_sizes(make_tree, tmp_path):
     root.mkdir()
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET)
+    secret.chmod(0o600)  # a secret open to others is refused
     srv = ReceiverServer(str(root), "127.0.0.1", 0, secret=SECRET).start()
     try:
         dest = f"127.0.0.1:{srv.port}/job"

@@ -60,7 +60,7 @@ def _outputs(nb):
 def test_notebooks_are_built_by_build_py_without_outputs(tmp_path):
     subprocess.run([sys.executable, os.path.join(NB_DIR, "build.py"), str(tmp_path)], check=True,
                    capture_output=True, timeout=60)
-    for name in ("compare_policies.ipynb", "explore_train_transfer.ipynb"):
+    for name in ("compare_policies.ipynb", "explore_train_transfer.ipynb", "changing_paths.ipynb"):
         with open(os.path.join(NB_DIR, name)) as f:
             committed = f.read()
         with open(tmp_path / name) as f:
@@ -92,3 +92,15 @@ def test_explore_train_transfer_notebook_runs(tmp_path):
     assert len(work) == 1
     kept = set(os.listdir(tmp_path / "runs" / work[0]))
     assert {"profile.yaml", "policy.zip", "policy.zip.json", "transfer.jsonl", "transfer.png"} <= kept
+
+
+def test_changing_paths_notebook_runs(tmp_path):
+    """The short variant: the moving bottleneck (loopback, a throttle schedule) with two policies."""
+    nb = _execute("changing_paths.ipynb", {"policies": ["marlin", "oracle-phases"]}, tmp_path)
+    text, images = _outputs(nb)
+    assert images >= 2  # the experiment's time series and the notebook's own plot
+    assert "moving-bottleneck" in text and "after change 1" in text and "oracle before the change" in text
+    runs = [d for d in os.listdir(tmp_path / "runs") if d.startswith("changing-")]
+    assert len(runs) == 1
+    d = tmp_path / "runs" / runs[0]
+    assert (d / "results.md").exists() and (d / "schedule-moving-bottleneck.yaml").exists()

@@ -156,9 +156,9 @@ static int Sender_init(SenderObject *self, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"host", "port", "token", "chunk_size", "memory_bytes",
                              "max_threads", "read_thread_bps", "read_total_bps",
                              "net_thread_bps", "net_total_bps", "sndbuf", "fault_corrupt",
-                             "read_threads", "net_threads", "tls_key", NULL};
+                             "read_threads", "net_threads", "tls_key", "zerocopy", NULL};
     const char *host;
-    int port, max_threads = 64, sndbuf = 0, fault = 0, nr = 1, nn = 1;
+    int port, max_threads = 64, sndbuf = 0, fault = 0, nr = 1, nn = 1, zerocopy = 1;
     Py_buffer tok = {0};
     long long chunk, mem, rt = 0, rT = 0, nt = 0, nT = 0;
     char err[ERRLEN] = "";
@@ -170,9 +170,9 @@ static int Sender_init(SenderObject *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "Sender.__init__ called twice");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLLLiiiiO", kwlist, &host, &port, &tok,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLLLiiiiOp", kwlist, &host, &port, &tok,
                                      &chunk, &mem, &max_threads, &rt, &rT, &nt, &nT, &sndbuf,
-                                     &fault, &nr, &nn, &tls_obj))
+                                     &fault, &nr, &nn, &tls_obj, &zerocopy))
         return -1;
     const uint8_t *key = amdt_parse_tls_key(tls_obj, tls_key);
     if (key == NULL && PyErr_Occurred())
@@ -196,7 +196,7 @@ static int Sender_init(SenderObject *self, PyObject *args, PyObject *kwds)
         .read_thread_bps = (uint64_t)rt, .read_total_bps = (uint64_t)rT,
         .net_thread_bps = (uint64_t)nt, .net_total_bps = (uint64_t)nT, .sndbuf = sndbuf,
         .fault_corrupt = fault < 0 ? 0 : fault, .read_threads = nr, .net_threads = nn,
-        .tls_key = key,
+        .tls_key = key, .zerocopy = zerocopy,
     };
     /* Name resolution and thread start can block. */
     Py_BEGIN_ALLOW_THREADS
@@ -434,6 +434,11 @@ static PyObject *Sender_get_closed(SenderObject *self, void *Py_UNUSED(closure))
     return PyBool_FromLong(self->s == NULL || self->closing);
 }
 
+static PyObject *Sender_get_zerocopy(SenderObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->s != NULL && self->s->zerocopy);
+}
+
 static PyMethodDef Sender_methods[] = {
     {"add_file", (PyCFunction)Sender_add_file, METH_VARARGS,
      "add_file(file_id, path, size, mtime_ns, ranges=None)"},
@@ -454,13 +459,15 @@ static PyMethodDef Sender_methods[] = {
 
 static PyGetSetDef Sender_getset[] = {
     {"closed", (getter)Sender_get_closed, NULL, "True after close()", NULL},
+    {"zerocopy", (getter)Sender_get_zerocopy, NULL,
+     "True when payloads go out with sendfile() (plain connections, not AUTOMDT_SENDFILE=0)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyType_Slot Sender_slots[] = {
     {Py_tp_doc, "Sender(host, port, token, chunk_size, memory_bytes, max_threads=64, "
                 "read_thread_bps=0, read_total_bps=0, net_thread_bps=0, net_total_bps=0, "
-                "sndbuf=0, fault_corrupt=0, read_threads=1, net_threads=1, tls_key=None)"},
+                "sndbuf=0, fault_corrupt=0, read_threads=1, net_threads=1, tls_key=None, zerocopy=True)"},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, Sender_init},
     {Py_tp_dealloc, Sender_dealloc},
@@ -819,7 +826,30 @@ static PyObject *amdt_py_hash64(PyObject *mod, PyObject *args)
     return PyLong_FromUnsignedLongLong(h);
 }
 
+static PyObject *amdt_py_trim_cache(PyObject *mod, PyObject *args)
+{
+    double max_age_s = 0.0;
+    if (!PyArg_ParseTuple(args, "|d", &max_age_s))
+        return NULL;
+    if (!(max_age_s >= 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "max_age_s must be >= 0");
+        return NULL;
+    }
+    amdt_pool_trim_cache((uint64_t)(max_age_s * 1e9));
+    Py_RETURN_NONE;
+}
+
+static PyObject *amdt_py_cached_bytes(PyObject *mod, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromSize_t(amdt_pool_cached_bytes());
+}
+
 static PyMethodDef amdt_module_methods[] = {
+    {"cached_bytes", amdt_py_cached_bytes, METH_NOARGS,
+     "cached_bytes() -> slot memory kept for the next engine now (see trim_cache)"},
+    {"trim_cache", amdt_py_trim_cache, METH_VARARGS,
+     "trim_cache(max_age_s=0.0): free the slot memory kept between engines (closed engines "
+     "leave it for the next one) if it was kept that long"},
     {"hash64", amdt_py_hash64, METH_VARARGS,
      "hash64(data, impl='') -> XXH3_64bits(data) with the engine's implementation "
      "(or 'libxxhash' / 'xxh3-avx2')"},

@@ -6,6 +6,12 @@
  * cap allows one more, then reused through a free list and only freed by amdt_pool_free()
  * at close: no per-chunk allocation on the data path.
  *
+ * A pool made without data (with_data = 0) holds only the slot records: the sender's
+ * zero-copy mode stages (file, offset, length, hash) and leaves the bytes in the page cache,
+ * so the byte cap then bounds what was read ahead and not yet sent, without a copy of it.
+ * (Transparent huge pages for slots measured no better here: a huge page of memory the host
+ * took back costs more to fault in than 512 small ones from the free lists.)
+ *
  * Producers (sender readers, receiver connections) take a free slot with amdt_pool_get(),
  * fill it and queue it with amdt_pool_push(); consumers (sender network threads, receiver
  * writers) take it with amdt_pool_pop() and give it back with amdt_pool_put(). Both waits
@@ -20,12 +26,14 @@
 typedef struct amdt_slot {
     struct amdt_slot *next;     /* free list or ready queue */
     struct amdt_slot *all_next; /* every allocated slot, for amdt_pool_free() */
-    uint8_t *data;              /* chunk_size bytes, page aligned */
+    uint8_t *data;              /* chunk_size bytes, page aligned; NULL in a pool without data */
     void *file;                 /* sender: the amdt_sfile the chunk belongs to */
+    int fd;                     /* sender, zero-copy: the source fd to sendfile() from */
     uint32_t file_id;
     uint32_t length;            /* payload bytes */
     uint64_t offset;
-    uint64_t hash;              /* XXH3_64bits of the payload */
+    uint64_t hash;              /* sender: XXH3_64bits of the payload; receiver: the frame's hash */
+    uint64_t payload_hash;      /* receiver: XXH3_64bits of the payload as received */
 } amdt_slot;
 
 typedef struct amdt_pool {
@@ -33,6 +41,7 @@ typedef struct amdt_pool {
     pthread_cond_t cv_free;  /* a slot came back */
     pthread_cond_t cv_ready; /* a filled slot was queued */
     size_t chunk_size;
+    int with_data;
     size_t slots_max;   /* cap in slots */
     size_t slots_alloc; /* allocated so far (counting allocations in progress) */
     size_t slots_used;  /* handed out: being filled, queued, or being drained */
@@ -53,7 +62,7 @@ typedef struct amdt_pool_stats {
     uint64_t ready; /* filled slots waiting for a consumer */
 } amdt_pool_stats;
 
-int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, const int *stop);
+int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, int with_data, const int *stop);
 /* Free every slot's memory (at close). No thread may use the pool any more; the
  * counters stay readable. */
 void amdt_pool_release(amdt_pool *p);
@@ -71,5 +80,9 @@ amdt_slot *amdt_pool_pop(amdt_pool *p, unsigned wait_ms);
 /* Wake every waiter (stop, thread-count changes). */
 void amdt_pool_wake(amdt_pool *p);
 void amdt_pool_get_stats(amdt_pool *p, amdt_pool_stats *out);
+/* Free the slot memory kept between pools (see pool.c) if it was kept max_age_ns or longer
+ * (0: now). */
+void amdt_pool_trim_cache(uint64_t max_age_ns);
+size_t amdt_pool_cached_bytes(void);
 
 #endif /* AMDT_POOL_H */

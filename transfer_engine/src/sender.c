@@ -8,6 +8,7 @@
 
 #include "tcpinfo.h"
 #include <poll.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -18,6 +19,10 @@
 #define AMDT_CONNECT_TIMEOUT_MS 5000
 #define AMDT_BACKOFF_MIN_MS 100
 #define AMDT_BACKOFF_MAX_MS 2000
+/* Chunks are read and hashed in pieces of this size, so each piece is hashed while it is still
+ * in the CPU cache; in zero-copy mode a piece buffer of this size is all the memory a reader
+ * uses. */
+#define AMDT_PIECE (128 * 1024)
 
 typedef struct amdt_ticket {
     amdt_sfile *f;
@@ -70,6 +75,9 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
     s->fault_corrupt = cfg->fault_corrupt;
     if (cfg->tls_key != NULL && (s->tls = amdt_tls_new(0, cfg->tls_key, err, errlen)) == NULL)
         goto error;
+    /* AUTOMDT_SENDFILE=0 forces the copy path (for comparisons). */
+    const char *force = getenv("AUTOMDT_SENDFILE");
+    s->zerocopy = cfg->zerocopy && !(force != NULL && strcmp(force, "0") == 0);
 
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
@@ -97,7 +105,7 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
         goto error_sys;
     have_events = 1;
     size_t slots = (size_t)(cfg->memory_bytes / cfg->chunk_size);
-    if (amdt_pool_init(&s->pool, cfg->chunk_size, slots, &s->stop) != 0)
+    if (amdt_pool_init(&s->pool, cfg->chunk_size, slots, !s->zerocopy, &s->stop) != 0)
         goto error_sys;
     have_pool = 1;
     if (amdt_stage_init(&s->read, "read", cfg->max_threads, amdt_reader_body, s, &s->stop) != 0)
@@ -114,8 +122,9 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
         errno = rc;
         goto error_sys;
     }
-    amdt_debug("sender: %s:%d chunk %llu, %zu slots", s->host, s->port,
-               (unsigned long long)s->chunk_size, slots);
+    amdt_debug("sender: %s:%d chunk %llu, %zu slots, %s", s->host, s->port,
+               (unsigned long long)s->chunk_size, slots,
+               !s->zerocopy ? "copy" : s->tls != NULL ? "re-read + TLS" : "sendfile");
     return s;
 
 error_sys:
@@ -398,7 +407,7 @@ int amdt_sender_cancel_file(amdt_sender *s, uint32_t id)
     }
     if (amdt_fail_file_locked(s, f))
         s->files_failed--; /* cancelled on request: not a failure of this engine */
-    if (f->readers == 0 && f->fd >= 0) {
+    if (f->readers == 0 && f->senders == 0 && f->fd >= 0) {
         fd = f->fd;
         f->fd = -1;
     }
@@ -408,12 +417,12 @@ int amdt_sender_cancel_file(amdt_sender *s, uint32_t id)
     return 0;
 }
 
-/* A reader is done with its ticket: maybe close the file's fd. Caller holds s->mu.
- * Returns the fd to close (outside the lock) or -1. */
-static int amdt_release_ticket_locked(amdt_sfile *f)
+/* The file's fd, if nothing needs it any more (no reader holds a chunk, no staged slot will
+ * sendfile() from it, nothing left to read). Caller holds s->mu. Returns the fd to close
+ * (outside the lock) or -1. */
+static int amdt_fd_unused_locked(amdt_sfile *f)
 {
-    f->readers--;
-    if (f->readers == 0 && f->fd >= 0 &&
+    if (f->readers == 0 && f->senders == 0 && f->fd >= 0 &&
         (f->failed || (f->cursor_left == 0 && f->requeued == 0))) {
         int fd = f->fd;
         f->fd = -1;
@@ -422,11 +431,60 @@ static int amdt_release_ticket_locked(amdt_sfile *f)
     return -1;
 }
 
+/* A reader is done with its ticket. Caller holds s->mu; returns an fd to close or -1. */
+static int amdt_release_ticket_locked(amdt_sfile *f)
+{
+    f->readers--;
+    return amdt_fd_unused_locked(f);
+}
+
+/* A network thread is done with a zero-copy slot of f. Caller holds s->mu; returns an fd to
+ * close or -1. */
+static int amdt_release_sender_locked(amdt_sfile *f)
+{
+    f->senders--;
+    return amdt_fd_unused_locked(f);
+}
+
 /* ---- read pool --------------------------------------------------------------------- */
 
-/* Read, check and hash one chunk into the slot. On failure the file is marked failed
+/* Read and hash one chunk piece by piece, each piece hashed right after its pread while it is
+ * still in the CPU cache: into `dst` (advance = 1: the slot, copy mode) or through one
+ * AMDT_PIECE buffer (advance = 0: zero-copy mode, the bytes stay in the page cache for
+ * sendfile). Returns the bytes read (short at end of file), or -1 with errno. */
+static ssize_t amdt_read_hash(int fd, uint8_t *dst, int advance, uint64_t offset, uint32_t length,
+                              uint64_t *hash)
+{
+    amdt_hstate hs;
+    size_t got = 0;
+    amdt_hash_reset(&hs);
+    while (got < length) {
+        size_t want = length - got < AMDT_PIECE ? length - got : AMDT_PIECE;
+        uint8_t *p = advance ? dst + got : dst;
+        size_t have = 0;
+        while (have < want) {
+            ssize_t n = pread(fd, p + have, want - have, (off_t)(offset + got + have));
+            if (n < 0) {
+                if (errno == EINTR)
+                    continue;
+                return -1;
+            }
+            if (n == 0)
+                break;
+            have += (size_t)n;
+        }
+        amdt_hash_update(&hs, p, have);
+        got += have;
+        if (have < want)
+            break; /* end of file: a short read */
+    }
+    *hash = amdt_hash_digest(&hs);
+    return (ssize_t)got;
+}
+
+/* Read, check and hash one chunk (see amdt_read_hash). On failure the file is marked failed
  * (with an event) and 0 is returned. Runs without any lock. */
-static int amdt_read_chunk(amdt_sender *s, const amdt_ticket *t, amdt_slot *slot)
+static int amdt_read_chunk(amdt_sender *s, const amdt_ticket *t, amdt_slot *slot, uint8_t *piece)
 {
     amdt_sfile *f = t->f;
     char ebuf[128], msg[AMDT_EVENT_MSG];
@@ -444,6 +502,8 @@ static int amdt_read_chunk(amdt_sender *s, const amdt_ticket *t, amdt_slot *slot
             snprintf(msg, sizeof(msg), "open: %s", amdt_strerror(err, ebuf, sizeof(ebuf)));
             goto fail;
         }
+        if (f->size > 8 * AMDT_PIECE)
+            posix_fadvise(nfd, 0, 0, POSIX_FADV_SEQUENTIAL); /* a larger read-ahead on disks */
         pthread_mutex_lock(&s->mu);
         if (f->fd < 0) {
             f->fd = nfd;
@@ -455,19 +515,15 @@ static int amdt_read_chunk(amdt_sender *s, const amdt_ticket *t, amdt_slot *slot
             close(nfd); /* another reader opened it first */
     }
 
-    while (got < t->length) {
-        ssize_t n = pread(fd, slot->data + got, t->length - got, (off_t)(t->offset + got));
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            err = errno;
-            snprintf(msg, sizeof(msg), "read: %s", amdt_strerror(err, ebuf, sizeof(ebuf)));
-            goto fail;
-        }
-        if (n == 0)
-            break;
-        got += (size_t)n;
+    uint64_t hash = 0;
+    ssize_t nread = s->zerocopy ? amdt_read_hash(fd, piece, 0, t->offset, t->length, &hash)
+                                : amdt_read_hash(fd, slot->data, 1, t->offset, t->length, &hash);
+    if (nread < 0) {
+        err = errno;
+        snprintf(msg, sizeof(msg), "read: %s", amdt_strerror(err, ebuf, sizeof(ebuf)));
+        goto fail;
     }
+    got = (size_t)nread;
     if (fstat(fd, &st) != 0) {
         err = errno;
         snprintf(msg, sizeof(msg), "fstat: %s", amdt_strerror(err, ebuf, sizeof(ebuf)));
@@ -512,10 +568,11 @@ static int amdt_read_chunk(amdt_sender *s, const amdt_ticket *t, amdt_slot *slot
     }
 
     slot->file = f;
+    slot->fd = s->zerocopy ? fd : -1; /* kept open by f->senders (amdt_reader_body) */
     slot->file_id = f->id;
     slot->offset = t->offset;
     slot->length = t->length;
-    slot->hash = amdt_hash64(slot->data, t->length);
+    slot->hash = hash;
     return 1;
 
 fail:
@@ -531,7 +588,13 @@ fail:
 static void amdt_reader_body(amdt_worker *w)
 {
     amdt_sender *s = w->stage->owner;
+    uint8_t *piece = NULL;
 
+    if (s->zerocopy && posix_memalign((void **)&piece, 4096, AMDT_PIECE) != 0) {
+        amdt_event_push(&s->events, AMDT_EV_CONN_ERROR, 0, 0, 0, ENOMEM,
+                        "read thread: out of memory for its buffer");
+        return;
+    }
     while (!amdt_stage_should_exit(w)) {
         amdt_ticket t;
         amdt_slot *slot = NULL;
@@ -573,14 +636,16 @@ static void amdt_reader_body(amdt_worker *w)
         /* Pace before the work: the emulated device delivers the chunk at the end of its
          * reserved time, so bytes are counted at the throttled rate from the first chunk. */
         amdt_throttle_wait(w, amdt_throttle_reserve(w, t.length));
-        int ok = amdt_read_chunk(s, &t, slot);
+        int ok = amdt_read_chunk(s, &t, slot, piece);
         if (ok)
             amdt_stage_add_bytes(&s->read, t.length);
 
         pthread_mutex_lock(&s->mu);
-        int fd = amdt_release_ticket_locked(t.f);
         if (t.f->failed)
             ok = 0;
+        if (ok && s->zerocopy)
+            t.f->senders++; /* the staged slot keeps the fd open until it is sent */
+        int fd = amdt_release_ticket_locked(t.f);
         if (!ok)
             s->pending--;
         pthread_mutex_unlock(&s->mu);
@@ -591,6 +656,7 @@ static void amdt_reader_body(amdt_worker *w)
         else
             amdt_pool_put(&s->pool, slot);
     }
+    free(piece);
 }
 
 /* ---- network pool ------------------------------------------------------------------ */
@@ -608,23 +674,8 @@ static void amdt_backoff(amdt_worker *w, int fails)
     }
 }
 
-/* Send all of buf (the hello). Returns 0 or an errno. */
-static int amdt_send_all(amdt_sender *s, amdt_link *l, const uint8_t *buf, size_t len)
-{
-    while (len > 0) {
-        if (amdt_stopping(&s->stop))
-            return ECANCELED;
-        ssize_t n = amdt_link_send(l, buf, len);
-        if (n < 0) {
-            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
-                continue; /* SO_SNDTIMEO expired: re-check the stop flag */
-            return errno;
-        }
-        buf += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
+static int amdt_send_buf(amdt_sender *s, amdt_link *l, const uint8_t *buf, size_t len, int more,
+                         int progress);
 
 /* Connect, set options, start TLS when configured, send the hello. Returns 0 with l set
  * up, or an errno. */
@@ -686,7 +737,7 @@ static int amdt_connect(amdt_sender *s, amdt_worker *w, amdt_link *l)
     uint8_t hello[AMDT_HELLO_LEN];
     memcpy(hello, AMDT_HELLO_MAGIC, AMDT_HELLO_MAGIC_LEN);
     memcpy(hello + AMDT_HELLO_MAGIC_LEN, s->token, AMDT_TOKEN_LEN);
-    err = amdt_send_all(s, l, hello, sizeof(hello));
+    err = amdt_send_buf(s, l, hello, sizeof(hello), 0, 0);
     if (err != 0)
         goto error;
     return 0;
@@ -698,8 +749,8 @@ error:
     return err;
 }
 
-/* Send one frame: header + payload with sendmsg, counting payload bytes as they leave.
- * Returns 0 or an errno. */
+/* Send one frame from a slot holding the bytes: header + payload with sendmsg (copy mode),
+ * counting payload bytes as they leave. Returns 0 or an errno. */
 static int amdt_send_frame(amdt_sender *s, amdt_link *l, const uint8_t *hdr, amdt_slot *slot)
 {
     size_t hdr_left = AMDT_FRAME_HDR_LEN, pay_done = 0;
@@ -724,6 +775,96 @@ static int amdt_send_frame(amdt_sender *s, amdt_link *l, const uint8_t *hdr, amd
             amdt_stage_add_bytes(&s->net, left);
     }
     return 0;
+}
+
+/* Send all of buf: send() on a plain connection (more = 1 adds MSG_MORE: more of the frame
+ * follows), SSL_write() records on an encrypted one. progress = 1: the bytes are payload
+ * (counted as they leave). Returns 0 or an errno. */
+static int amdt_send_buf(amdt_sender *s, amdt_link *l, const uint8_t *buf, size_t len, int more,
+                         int progress)
+{
+    while (len > 0) {
+        if (amdt_stopping(&s->stop))
+            return ECANCELED;
+        ssize_t n = l->ssl != NULL ? amdt_link_send(l, buf, len)
+                                   : send(l->fd, buf, len, MSG_NOSIGNAL | (more ? MSG_MORE : 0));
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+                continue; /* SO_SNDTIMEO expired: re-check the stop flag */
+            return errno;
+        }
+        buf += n;
+        len -= (size_t)n;
+        if (progress)
+            amdt_stage_add_bytes(&s->net, (uint64_t)n);
+    }
+    return 0;
+}
+
+/* The rest of a zero-copy slot's payload, from `pos` on, read from the file into `buf`
+ * (AMDT_PIECE bytes) and sent: the path of encrypted connections (TLS encrypts in user space),
+ * of files sendfile() does not work on, and of the fault hook (corrupt: flip the payload byte
+ * at length / 2, after hashing). A file that became shorter than the chunk gives ENODATA.
+ * Returns 0 or an errno. */
+static int amdt_send_file_copy(amdt_sender *s, amdt_link *l, const amdt_slot *slot, size_t pos,
+                               uint8_t *buf, int corrupt)
+{
+    while (pos < slot->length) {
+        size_t want = slot->length - pos < AMDT_PIECE ? slot->length - pos : AMDT_PIECE;
+        ssize_t n = pread(slot->fd, buf, want, (off_t)(slot->offset + pos));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return errno;
+        if (n == 0)
+            return ENODATA;
+        size_t mid = slot->length / 2;
+        if (corrupt && mid >= pos && mid < pos + (size_t)n)
+            buf[mid - pos] ^= 0xFF;
+        pos += (size_t)n;
+        int err = amdt_send_buf(s, l, buf, (size_t)n, pos < slot->length, 1);
+        if (err != 0)
+            return err;
+    }
+    return 0;
+}
+
+/* Send one frame of a zero-copy slot: the header with MSG_MORE, then the payload straight
+ * from the page cache with sendfile() (plain connections), counting payload bytes as they
+ * leave. *buf is the thread's piece buffer, allocated on first need (TLS, fallback or fault
+ * hook). Returns 0 or an errno; ENODATA: the source file is shorter than when the chunk was
+ * read. */
+static int amdt_send_frame_file(amdt_sender *s, amdt_link *l, const uint8_t *hdr,
+                                const amdt_slot *slot, uint8_t **buf, int corrupt)
+{
+    int err = amdt_send_buf(s, l, hdr, AMDT_FRAME_HDR_LEN, 1, 0);
+    if (err != 0)
+        return err;
+    off_t off = (off_t)slot->offset;
+    size_t done = 0;
+    while (!corrupt && l->ssl == NULL && done < slot->length) {
+        if (amdt_stopping(&s->stop))
+            return ECANCELED;
+        ssize_t n = sendfile(l->fd, slot->fd, &off, slot->length - done);
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+                continue; /* SO_SNDTIMEO expired: re-check the stop flag */
+            if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)
+                break; /* this file system cannot splice: send the rest from a buffer */
+            return errno;
+        }
+        if (n == 0)
+            return ENODATA;
+        done += (size_t)n;
+        amdt_stage_add_bytes(&s->net, (uint64_t)n);
+    }
+    if (done == slot->length)
+        return 0;
+    if (*buf == NULL && posix_memalign((void **)buf, 4096, AMDT_PIECE) != 0) {
+        *buf = NULL;
+        return ENOMEM;
+    }
+    return amdt_send_file_copy(s, l, slot, done, *buf, corrupt);
 }
 
 /* Take one unit from the fault-injection counter, if any is left. */
@@ -763,11 +904,29 @@ static void amdt_close_conn(amdt_sender *s, amdt_worker *w, amdt_link *l)
     l->ssl = NULL;
 }
 
+/* The network thread is done with a slot: the chunk counts as sent (or dropped with its failed
+ * file), or with requeue = 1 goes back to the readers first in line (its bytes may be bad). */
+static void amdt_net_done(amdt_sender *s, amdt_slot *slot, int requeue)
+{
+    amdt_sfile *f = slot->file;
+    int fd = -1;
+    pthread_mutex_lock(&s->mu);
+    if (!requeue || f->failed || amdt_requeue_push_locked(s, f, slot->offset, slot->length, 1) != 0)
+        s->pending--;
+    if (s->zerocopy)
+        fd = amdt_release_sender_locked(f);
+    pthread_mutex_unlock(&s->mu);
+    if (fd >= 0)
+        close(fd);
+    amdt_pool_put(&s->pool, slot);
+}
+
 static void amdt_net_body(amdt_worker *w)
 {
     amdt_sender *s = w->stage->owner;
     char ebuf[128];
     int fails = 0;
+    uint8_t *buf = NULL; /* zero-copy fallback / fault hook buffer, allocated on first need */
     amdt_link link = {.fd = -1, .ssl = NULL}; /* this thread's connection (the socket is also
                                                  published in w->sock for close) */
 
@@ -793,10 +952,7 @@ static void amdt_net_body(amdt_worker *w)
             continue;
         amdt_sfile *f = slot->file;
         if (__atomic_load_n(&f->failed, __ATOMIC_RELAXED)) {
-            pthread_mutex_lock(&s->mu);
-            s->pending--;
-            pthread_mutex_unlock(&s->mu);
-            amdt_pool_put(&s->pool, slot);
+            amdt_net_done(s, slot, 0);
             continue;
         }
 
@@ -807,20 +963,23 @@ static void amdt_net_body(amdt_worker *w)
                             .offset = slot->offset, .length = slot->length, .flags = 0,
                             .hash = slot->hash ^ amdt_frame_mix(slot->file_id, slot->offset)};
         amdt_frame_encode(hdr, &h);
-        if (amdt_take_fault(s)) {
-            slot->data[slot->length / 2] ^= 0xFF; /* after hashing: corruption on the wire */
+        int corrupt = amdt_take_fault(s);
+        if (corrupt)
             __atomic_fetch_add(&s->frames_corrupted, 1, __ATOMIC_RELAXED);
+        int err;
+        if (s->zerocopy) {
+            err = amdt_send_frame_file(s, &link, hdr, slot, &buf, corrupt);
+        } else {
+            if (corrupt)
+                slot->data[slot->length / 2] ^= 0xFF; /* after hashing: corruption on the wire */
+            err = amdt_send_frame(s, &link, hdr, slot);
         }
-        int err = amdt_send_frame(s, &link, hdr, slot);
         if (err != 0) {
-            /* The chunk goes back to the readers (re-read: the slot may be corrupted). */
-            pthread_mutex_lock(&s->mu);
-            if (f->failed || amdt_requeue_push_locked(s, f, slot->offset, slot->length, 1) != 0)
-                s->pending--;
-            pthread_mutex_unlock(&s->mu);
-            amdt_pool_put(&s->pool, slot);
+            /* The chunk goes back to the readers: re-read, because the slot may be corrupted,
+             * or the source changed under sendfile (ENODATA) and the re-read finds out. */
+            amdt_net_done(s, slot, 1);
             amdt_close_conn(s, w, &link);
-            if (err != ECANCELED) {
+            if (err != ECANCELED && err != ENODATA) {
                 amdt_event_push(&s->events, AMDT_EV_CONN_ERROR, 0, 0, 0, err,
                                 "send to %s:%d: %s", s->host, s->port,
                                 amdt_strerror(err, ebuf, sizeof(ebuf)));
@@ -831,12 +990,10 @@ static void amdt_net_body(amdt_worker *w)
         }
         fails = 0;
         __atomic_fetch_add(&s->chunks_sent, 1, __ATOMIC_RELAXED);
-        pthread_mutex_lock(&s->mu);
-        s->pending--;
-        pthread_mutex_unlock(&s->mu);
-        amdt_pool_put(&s->pool, slot);
+        amdt_net_done(s, slot, 0);
     }
     amdt_close_conn(s, w, &link);
+    free(buf);
 }
 
 /* ---- control ----------------------------------------------------------------------- */

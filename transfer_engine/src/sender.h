@@ -37,7 +37,9 @@ typedef struct amdt_sfile {
     uint64_t cursor_left; /* chunks left under the cursor */
     uint64_t requeued;    /* requeue entries that point at this file */
     int readers;          /* reader threads holding a chunk of this file */
-    int fd;               /* -1 when closed; opened lazily, closed when nothing is left to read */
+    int senders;          /* zero-copy: staged or in-flight slots that will sendfile() from fd */
+    int fd;               /* -1 when closed; opened lazily, closed when nothing is left to read
+                           * and no staged slot refers to it */
     int failed;           /* read under s->mu, or atomically by network threads */
     int have_ino;         /* dev/ino of the first open, under s->mu: a re-open of a replaced */
     dev_t dev;            /* path (new inode) fails the file instead of splicing content */
@@ -64,6 +66,8 @@ typedef struct amdt_sender_cfg {
     int fault_corrupt;
     int read_threads, net_threads; /* started at construction */
     const uint8_t *tls_key; /* AMDT_TLS_KEY_LEN bytes: TLS on every data connection; NULL: plain */
+    int zerocopy; /* stage references, not bytes: sendfile() from the page cache (plain), or
+                   * re-read in pieces for TLS */
 } amdt_sender_cfg;
 
 typedef struct amdt_sender {
@@ -77,6 +81,9 @@ typedef struct amdt_sender {
     uint64_t chunk_size;
     int sndbuf;
     amdt_tls *tls; /* NULL: plain connections */
+    int zerocopy;  /* readers hash the chunk (pread into a small buffer) and stage a reference;
+                    * network threads send the payload with sendfile() (plain) or read it again
+                    * in pieces and SSL_write() them (TLS). Off: the bytes are copied into slots. */
 
     pthread_mutex_t mu;
     pthread_cond_t cv_work; /* a file or a requeued chunk was added */
