@@ -463,8 +463,9 @@ def section_encrypt(ctx: Ctx) -> Dict[str, Any]:
     dest = os.path.join(ctx.scratch, "enc-dst")
 
     def run(args: Sequence[str]) -> Sample:
+        # local --encrypt derives its keys from a shared secret too; plain runs get the same file
         with destination(dest, ds):
-            return ours(ctx, ds, dest, args, verify=dest)
+            return ours(ctx, ds, dest, list(args) + ["--secret-file", ctx.secret], verify=dest)
 
     cont = [("plain --threads 4,4,4", lambda: run(["--threads", "4,4,4"])),
             ("--encrypt --threads 4,4,4", lambda: run(["--threads", "4,4,4", "--encrypt"])),
