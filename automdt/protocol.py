@@ -272,8 +272,8 @@ class Open(Request):
     write_threads: int = 1
     checksum: bool = False
     fsync: str = "none"
-    write_throttle: Tuple[int, int] = (0, 0)
-    """``(thread_bps, total_bps)`` of the write stage, 0 = unlimited."""
+    write_throttle: Tuple[float, float] = (0, 0)
+    """``(thread_bps, total_bps)`` of the write stage, 0 = unlimited (read as whole numbers)."""
     dry_run: bool = False
     encrypt: bool = False
     scratch: bool = _omit(False, False)

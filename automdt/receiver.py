@@ -98,7 +98,7 @@ class ReceiverServer:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        if encrypt:
+        if encrypt and secret is not None:  # (checked above: encryption needs the secret)
             self.sock.curve_publickey, self.sock.curve_secretkey = protocol.curve_server_keys(secret)
             self.sock.curve_server = True
         addr = f"[{host}]" if ":" in host else host

@@ -335,8 +335,7 @@ class _Transfer:
         self.summary = Summary(files_total=len(manifest.files), bytes_total=manifest.total_bytes,
                                entries_skipped=len(manifest.skipped))
         self.codes: List[int] = _scan_errors(manifest, self.summary)
-        # the control channel and what the handshake agreed (see _handshake)
-        self.ctl: Optional[protocol.ControlClient] = None
+        # what the handshake agreed (see _handshake)
         self.opened = False
         """The receiver opened a session (closed again at shutdown)."""
         self.token = b""
@@ -364,13 +363,13 @@ class _Transfer:
         self.want_write: Optional[int] = None
         self.clock: Any = None
         """A :class:`automdt.throttle.ScheduleClock` with ``--throttle @FILE``, else None."""
-        self.limits = {k: tuple(v) for k, v in (opts.throttle or {}).items()}
+        self.limits: Dict[str, Tuple[float, float]] = {k: _pair(v) for k, v in (opts.throttle or {}).items()}
         if opts.throttle_schedule is not None:
             from automdt.throttle import ScheduleClock
 
             self.clock = ScheduleClock(opts.throttle_schedule, opts.schedule_t0 or t_start)
             self.limits = self.clock.current()[1]
-        self.write_limit_sent = tuple(self.limits.get("write", (0, 0)))
+        self.write_limit_sent = _pair(self.limits.get("write", (0, 0)))
         self.want_write_limit = self.write_limit_sent
         # progress of the control loop (see _watch)
         self.loop_start = 0.0
@@ -380,6 +379,10 @@ class _Transfer:
         """When they last changed (the stall clock)."""
         self.quiet_since: Optional[float] = None
         """Since when the sender has nothing in flight and the receiver nothing buffered."""
+        # the control channel, last (nothing above may fail with it open); run() closes it
+        self.ctx = zmq.Context()
+        self.ctl = protocol.ControlClient(self.ctx, host, port, timeout_s=opts.timeout_s,
+                                          curve_secret=secret if opts.encrypt else None)
 
     # ------------------------------------------------------------------ helpers
     def fail(self, code: int, message: str) -> None:
@@ -390,9 +393,6 @@ class _Transfer:
         log.info("%s", message)
 
     def run(self) -> Summary:
-        ctx = zmq.Context()
-        self.ctl = protocol.ControlClient(ctx, self.host, self.port, timeout_s=self.o.timeout_s,
-                                          curve_secret=self.secret if self.o.encrypt else None)
         log_file = None
         try:
             try:
@@ -420,7 +420,7 @@ class _Transfer:
                 if log_file:
                     log_file.close()
                 self.ctl.close()
-                ctx.term()
+                self.ctx.term()
         self.summary.seconds = time.monotonic() - self.t_start
         if self.controller is not None:
             self.summary.history = self.controller.history
@@ -508,7 +508,7 @@ class _Transfer:
                 and not r.runtime_throttle):
             raise AutomdtError(f"receiver {self.host}:{self.port} cannot change write limits during a run "
                                "(an older version); the throttle schedule limits the write stage", errors.USAGE)
-        self.tls_key = protocol.data_key(self.secret, sn, cn) if self.o.encrypt else None
+        self.tls_key = protocol.data_key(self.secret, sn, cn) if self.o.encrypt and self.secret else None
         self.summary.encrypted = self.o.encrypt
         self.opened = True
         self.data_host, self.data_port = self.host, r.data_port
@@ -616,7 +616,7 @@ class _Transfer:
 
         if self.clock is not None:
             spec, self.limits = self.clock.mark_applied()
-            self.want_write_limit = tuple(self.limits["write"])
+            self.want_write_limit = _pair(self.limits["write"])
         th = self.limits
         self.engine = Sender(self.data_host, self.data_port, self.token, self.chunk_size, self.o.memory,
                              max_threads=max(self.o.max_threads, 1),
@@ -690,7 +690,7 @@ class _Transfer:
             if tuple(limits[stage]) != tuple(self.limits.get(stage, (0, 0))):
                 t, total = _ints(limits[stage])
                 self.engine.set_throttle(stage, t, total)
-        self.want_write_limit = tuple(limits["write"])
+        self.want_write_limit = _pair(limits["write"])
         self.limits = limits
         from automdt.throttle import format_throttle
 
@@ -831,3 +831,8 @@ def _open_log(path: Optional[str]):
 
 def _ints(pair) -> Tuple[int, int]:
     return int(pair[0]), int(pair[1])
+
+
+def _pair(limits) -> Tuple[float, float]:
+    """A stage's ``(thread_bps, total_bps)`` as given (a schedule's lists, the CLI's tuples)."""
+    return limits[0], limits[1]

@@ -180,7 +180,7 @@ class Session:
         try:
             self.base = check_relpath(req.subdir) if req.subdir else ()
         except UnsafePath as e:
-            raise SessionError(f"destination subdirectory refused: {e}", errors.USAGE)
+            raise SessionError(f"destination subdirectory refused: {e}", errors.USAGE) from e
         self.scratch = req.scratch
         if self.scratch and not (self.base and self.base[-1].startswith(SCRATCH_PREFIX)):
             raise SessionError(f"a scratch subdirectory must be named {SCRATCH_PREFIX}*", errors.USAGE)
@@ -196,15 +196,15 @@ class Session:
         try:
             if self.scratch:
                 self._remove_scratch()  # left by an exploration that was killed: start empty
-            self.root.dir_fd(self.base, create=not self.dry_run)
+            self.dest.dir_fd(self.base, create=not self.dry_run)
         except FileNotFoundError:
             if not self.dry_run:
                 raise
         except UnsafePath as e:
-            raise SessionError(str(e), errors.FILES_FAILED)
+            raise SessionError(str(e), errors.FILES_FAILED) from e
         key = protocol.data_key(srv.secret, self.server_nonce, self.client_nonce) if encrypt else None
         self.engine = Receiver(srv.host, 0, self.token, chunk, memory, max_threads=srv.max_threads,
-                               write_throttle=req.write_throttle, rcvbuf=req.rcvbuf or 0, tls_key=key)
+                               write_throttle=(int(req.write_throttle[0]), int(req.write_throttle[1])), rcvbuf=req.rcvbuf or 0, tls_key=key)
         self.engine.set_threads(srv.clamp_threads(req.write_threads))
         self.state = "open"
         self.t_open = time.monotonic()
@@ -213,31 +213,38 @@ class Session:
                  chunk, memory, ", encrypted" if encrypt else "", ", dry run" if self.dry_run else "")
         return protocol.Opened(self.engine.port, chunk, memory, srv.max_threads, encrypt, runtime_throttle=True)
 
+    @property
+    def dest(self) -> SafeRoot:
+        """The destination root (from ``open`` until the session closes)."""
+        if self.root is None:
+            raise SessionError("the session is not open", errors.USAGE)
+        return self.root
+
     # ----------------------------------------------------------------- planning
     def _manifest(self, req: protocol.Manifest) -> protocol.Plan:
         plan: List[Tuple[int, str]] = []
-        root = self.root
+        root = self.dest
         for d in req.dirs:
             try:
                 parts = check_relpath(d)
                 if not self.dry_run:
                     root.dir_fd(self.base + parts, create=True)
-            except UnsafePath as e:
-                raise SessionError(f"refused: {e}", errors.FILES_FAILED)
+            except UnsafePath as ex:
+                raise SessionError(f"refused: {ex}", errors.FILES_FAILED) from ex
         entries = req.files
         if len(self.files) + len(entries) > self.server.max_files:
             raise SessionError(f"manifest over the receiver's limit of {self.server.max_files} files", errors.USAGE)
-        for e in entries:  # one by one: a malformed entry ends the plan there
+        for wire in entries:  # one by one: a malformed entry ends the plan there
             try:
-                parts = check_relpath(e.get("path"))
-                entry = protocol.ManifestEntry.from_dict(e)
+                parts = check_relpath(wire.get("path"))
+                entry = protocol.ManifestEntry.from_dict(wire)
             except UnsafePath as ex:
-                raise SessionError(f"refused: {ex}", errors.FILES_FAILED)
+                raise SessionError(f"refused: {ex}", errors.FILES_FAILED) from ex
             except (KeyError, TypeError, ValueError):
-                raise SessionError(f"malformed manifest entry {str(e)[:80]}", errors.USAGE)
+                raise SessionError(f"malformed manifest entry {str(wire)[:80]}", errors.USAGE) from None
             fid, size = entry.id, entry.size
             if size < 0 or fid < 0 or fid >= 2**32 or fid in self.files:
-                raise SessionError(f"malformed manifest entry {str(e)[:80]}", errors.USAGE)
+                raise SessionError(f"malformed manifest entry {str(wire)[:80]}", errors.USAGE)
             f = PartialFile(fid, entry.path, self.base + parts, size, entry.mtime_ns, entry.mode & 0o777,
                             entry.source_id, (entry.digest or "")[:64] if self.checksum else "")
             try:
@@ -250,7 +257,7 @@ class Session:
                 action = "fail"
                 self._file_error([fid, code, f"{f.path}: {ex.strerror}"])
                 if code == errors.FATAL:
-                    raise SessionError(f"{f.path}: {ex.strerror}", code)
+                    raise SessionError(f"{f.path}: {ex.strerror}", code) from ex
             if action == "send" and not self.dry_run:
                 self.files[fid] = f
                 self.accounting.bytes_needed += size - self._partial_bytes(f)
@@ -262,7 +269,7 @@ class Session:
     def _plan_file(self, f: PartialFile, digest: Optional[str]) -> str:
         """``skip`` (the destination matches), ``done`` (created empty now) or ``send``."""
         try:
-            dfd = self.root.dir_fd(f.parts[:-1], create=not self.dry_run)
+            dfd = self.dest.dir_fd(f.parts[:-1], create=not self.dry_run)
         except FileNotFoundError:
             return "send"  # dry run: the directory does not exist yet
         if not need_transfer(dfd, f, self.checksum, digest):
@@ -276,20 +283,20 @@ class Session:
     def _partial_bytes(self, f: PartialFile) -> int:
         """Bytes a resumable partial of ``f`` already holds on disk (0 if none)."""
         try:
-            dfd = self.root.dir_fd(f.parts[:-1], create=False)
+            dfd = self.dest.dir_fd(f.parts[:-1], create=False)
         except (OSError, UnsafePath):
             return 0
         return f.partial_bytes(dfd)
 
     def _check_space(self) -> None:
         try:
-            st = os.statvfs(self.root.fd)
+            st = os.statvfs(self.dest.fd)
         except OSError:
             return
         free = st.f_bavail * st.f_frsize
         need = self.accounting.bytes_needed
         if need > free:
-            self.root.remove_created()  # no empty tree left behind by a refused transfer
+            self.dest.remove_created()  # no empty tree left behind by a refused transfer
             raise SessionError(f"not enough space: destination {self.server.root} has {free} bytes free, "
                                f"the transfer needs up to {need}", errors.FATAL)
 
@@ -326,7 +333,7 @@ class Session:
 
     def _open_partial(self, f: PartialFile) -> List[List[int]]:
         """Open (or resume) the partial file; register it with the engine; return ranges to send."""
-        dfd = self.root.dir_fd(f.parts[:-1])
+        dfd = self.dest.dir_fd(f.parts[:-1])
         cs = self.chunk_size
         nchunks = f.chunks(cs)
         self.server.claim(self, f)
@@ -342,7 +349,7 @@ class Session:
 
     def _finalize(self, f: PartialFile) -> None:
         """All chunks written and verified: set metadata, (fsync,) rename into place."""
-        dfd = self.root.dir_fd(f.parts[:-1])
+        dfd = self.dest.dir_fd(f.parts[:-1])
         f.seal(fsync=self.fsync in ("file", "dir"))
         self._release(f)
         f.rename_into_place(dfd, fsync_dir=self.fsync == "dir")
@@ -371,7 +378,7 @@ class Session:
 
     def _discard_partial(self, f: PartialFile) -> None:
         try:
-            dfd = self.root.dir_fd(f.parts[:-1], create=False)
+            dfd = self.dest.dir_fd(f.parts[:-1], create=False)
         except (OSError, UnsafePath):
             return
         f.discard(dfd)
@@ -420,7 +427,7 @@ class Session:
             out[path] = None
             try:
                 parts = self.base + check_relpath(path)
-                dfd = self.root.dir_fd(parts[:-1], create=False)
+                dfd = self.dest.dir_fd(parts[:-1], create=False)
                 fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
             except (FileNotFoundError, NotADirectoryError):
                 continue
@@ -478,7 +485,7 @@ class Session:
 
     def _remove_scratch(self) -> None:
         """Remove this session's scratch directory (never following a symlink: ``rmtree`` by fd)."""
-        parent = self.root.dir_fd(self.base[:-1], create=False)
+        parent = self.dest.dir_fd(self.base[:-1], create=False)
         try:
             shutil.rmtree(self.base[-1], dir_fd=parent)
         except FileNotFoundError:
