@@ -28,7 +28,7 @@ from automdt import errors, journal, protocol
 from automdt.partial import PartialFile, missing_ranges, need_transfer
 from automdt.paths import SCRATCH_PREFIX, SafeRoot, UnsafePath, check_relpath
 
-log = logging.getLogger("automdt.receiver")
+log = logging.getLogger("automdt.receiver")  # the daemon's one log (the name operators filter on)
 
 MIN_CHUNK = 4 << 10
 MAX_CHUNK = 64 << 20
