@@ -16,7 +16,8 @@ def _file(size=3 * CS, path="f.bin"):
 
 
 def _record(chunk: bytes, offset: int) -> bytes:
-    head = journal.RECORD.pack(journal.RECORD_MAGIC, len(chunk), offset, xxhash.xxh3_64_intdigest(chunk), 0)[:24]
+    """A journal record as the engine's write threads append it (its last field hashes the rest)."""
+    head = journal.RECORD.pack(journal.RECORD_MAGIC, len(chunk), offset, xxhash.xxh3_64_intdigest(chunk), 0)[:-8]
     return head + xxhash.xxh3_64_intdigest(head).to_bytes(8, "little")
 
 
