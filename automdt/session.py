@@ -203,8 +203,9 @@ class Session:
         except UnsafePath as e:
             raise SessionError(str(e), errors.FILES_FAILED) from e
         key = protocol.data_key(srv.secret, self.server_nonce, self.client_nonce) if encrypt else None
+        wt = (int(req.write_throttle[0]), int(req.write_throttle[1]))
         self.engine = Receiver(srv.host, 0, self.token, chunk, memory, max_threads=srv.max_threads,
-                               write_throttle=(int(req.write_throttle[0]), int(req.write_throttle[1])), rcvbuf=req.rcvbuf or 0, tls_key=key)
+                               write_throttle=wt, rcvbuf=req.rcvbuf or 0, tls_key=key)
         self.engine.set_threads(srv.clamp_threads(req.write_threads))
         self.state = "open"
         self.t_open = time.monotonic()
