@@ -38,13 +38,6 @@ class FileEntry:
     """``dev:inode`` of the source file: part of the resume fingerprint, so a partial left by a
     file that has since been replaced (a new inode) is never resumed."""
 
-    def wire(self) -> dict:
-        d = {"id": self.id, "path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "mode": self.mode,
-             "source_id": self.source_id}
-        if self.digest is not None:
-            d["digest"] = self.digest
-        return d
-
 
 @dataclass
 class Manifest:
