@@ -2,7 +2,8 @@
 
 A policy is **two files that travel together**: a stable-baselines3 zip (``model.save``, plus
 an ``automdt_actor.npz`` entry with the actor's weights as plain arrays) and a metadata sidecar
-next to it (``<file>.json``, written by :func:`automdt.agents.training.train`). The shipped
+next to it (``<file>.json``, read by :func:`policy_metadata`, written by :func:`write_policy_metadata`
+from :func:`automdt.agents.training.train`). The shipped
 default policy is ``automdt/data/default_policy.zip``; ``load_policy("ppo")`` (or
 ``"default"``) loads it.
 

@@ -12,10 +12,16 @@ early once ``target_fraction`` is reached, and writes:
 * ``<stem>.curve.csv`` and ``<stem>.curve.png``: the learning curve (timesteps, wall seconds,
   mean reward per step, fraction of the oracle).
 
-Two runs with the same arguments give the same network (the seeding is in one marked block in
-:func:`train`; ``max_seconds`` is the only wall-clock-dependent input). Training uses a fixed
+The pieces: :class:`PPOConfig` (the learner's hyperparameters) and :class:`EnvSettings` (the
+simulated task) configure :func:`make_model` (the seeded SB3 model); the callbacks of
+:mod:`automdt.agents.callbacks` evaluate, keep the best network and stop (target, hook, wall
+time); :func:`training_metadata` describes the result and
+:func:`automdt.agents.ppo.write_policy_metadata` writes it. :func:`train` runs them in order.
+
+Two runs with the same arguments give the same network (everything random is seeded in
+:func:`make_model`; ``max_seconds`` is the only wall-clock-dependent input). Training uses a fixed
 number of torch threads (``PPOConfig.torch_threads``) so that CPU results do not depend on the
-machine's core count.
+machine's core count. This module imports neither torch nor stable-baselines3 until it trains.
 """
 from __future__ import annotations
 
