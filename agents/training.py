@@ -430,21 +430,12 @@ def train(
                       noise=noise, changes=changes)
     if profile is None:
         profile = Profile.default()
-    if timesteps is None:
-        timesteps = DEFAULT_TIMESTEPS_RANDOM if random_profiles else DEFAULT_TIMESTEPS
-    if timesteps < 1:
-        raise ValueError(f"timesteps must be >= 1, got {timesteps}")
-    if not 0.0 <= select_from < 1.0:
-        raise ValueError(f"select_from is a fraction of the budget in [0, 1), got {select_from}")
-    if target_fraction is not None and not 0.0 < target_fraction <= 1.5:
-        raise ValueError(f"target_fraction is a fraction of the oracle's utility (e.g. 0.95), got {target_fraction}")
+    timesteps = _checked_budget(timesteps, random_profiles, select_from, target_fraction)
     if eval_every is None:
         eval_every = cfg.num_envs * cfg.n_steps * (12 if random_profiles else 4)
     if eval_profiles is None:
-        if random_profiles:
-            eval_profiles = held_out_random_profiles(n_eval_profiles, profile.max_threads, profile.interval_s)
-        else:
-            eval_profiles = [("train", profile)]
+        eval_profiles = (held_out_random_profiles(n_eval_profiles, profile.max_threads, profile.interval_s)
+                         if random_profiles else [("train", profile)])
     eval_profiles = list(eval_profiles)
     model_path, meta_path, csv_path, png_path = _out_paths(out)
     model_path.parent.mkdir(parents=True, exist_ok=True)
@@ -454,22 +445,14 @@ def train(
     try:
         model, init = make_model(profile, env, cfg, seed, init_from)
         started = time.perf_counter()
-        after_eval: List[Any] = []
-        tensorboard = None if tensorboard_log is None else cbs.TensorBoardEvalLogger(tensorboard_log)
-        if tensorboard is not None:
-            after_eval.append(tensorboard)
-        if eval_hook is not None:
-            after_eval.append(cbs.EvalHookCallback(eval_hook))
-        evals = cbs.OracleEvalCallback(
+        evals, tensorboard = _eval_callback(
             lambda policy: evaluate(policy, eval_profiles, k=k, steps=eval_steps, seed=EVAL_SEED),
-            eval_policy_metadata(profile, cfg), eval_every, select_from=select_from * timesteps, started=started,
-            callback_on_new_best=None if target_fraction is None else cbs.StopTrainingOnOracleFraction(target_fraction),
-            callback_after_eval=CallbackList(after_eval) if after_eval else None,
-        )
+            eval_policy_metadata(profile, cfg), eval_every, select_from * timesteps, started, target_fraction,
+            tensorboard_log, eval_hook)
         wall = None if max_seconds is None else cbs.StopTrainingOnWallTime(max_seconds, started)
-        anneal = cbs.AnnealEntropy(cfg.ent_coef, int(timesteps)) if cfg.anneal else None
-        bar = cbs.RichProgressCallback(int(timesteps), evals) if progress else None
-        model.learn(total_timesteps=int(timesteps), progress_bar=False,
+        anneal = cbs.AnnealEntropy(cfg.ent_coef, timesteps) if cfg.anneal else None
+        bar = cbs.RichProgressCallback(timesteps, evals) if progress else None
+        model.learn(total_timesteps=timesteps, progress_bar=False,
                     callback=CallbackList([c for c in (evals, wall, anneal, bar) if c is not None]))
         timed_out = wall is not None and wall.stopped
         evals.finish(model.num_timesteps, ran_to_budget=evals.stop_reason is None and not timed_out)
@@ -484,17 +467,11 @@ def train(
     model.save(model_path)
     weight_names = ppo_sb3.write_numpy_weights(model_path, model.policy)
     os.chmod(model_path, 0o644)
-    if random_profiles and cold_start:
-        from automdt.agents.cold_start import choose_cold_start
-
-        start = choose_cold_start(ppo_mod.PPOPolicy(model.policy, deterministic=True,
-                                                    metadata=eval_policy_metadata(profile, cfg)))
-    else:
-        start = _policy_start(profile, k, random_profiles)
+    start = _policy_start(profile, k, random_profiles, cold_start, model.policy, cfg)
     meta = training_metadata(
         profile, env, cfg, seed=seed, start=start, weight_names=weight_names, init_from=init_from,
         init_sha256=None if init is None else init.metadata.get("sha256"), timesteps=int(model.num_timesteps),
-        timesteps_budget=int(timesteps), evals=evals, wall_s=wall_s, stop_reason=stop_reason,
+        timesteps_budget=timesteps, evals=evals, wall_s=wall_s, stop_reason=stop_reason,
         target_fraction=target_fraction, select_from=select_from, eval_profiles=eval_profiles, eval_steps=eval_steps,
         model_sha256=ppo_mod.sha256_file(model_path),
     )
@@ -652,9 +629,53 @@ def _linear(start: float, end: float) -> Any:
     return schedule
 
 
-def _policy_start(profile: Profile, k: float, random_profiles: bool) -> Dict[str, Any]:
+def _checked_budget(timesteps: Optional[int], random_profiles: bool, select_from: float,
+                    target_fraction: Optional[float]) -> int:
+    """The timestep budget (:data:`DEFAULT_TIMESTEPS` or :data:`DEFAULT_TIMESTEPS_RANDOM` when
+    None), after checking it and the stopping rules (:class:`ValueError`, one line)."""
+    if timesteps is None:
+        timesteps = DEFAULT_TIMESTEPS_RANDOM if random_profiles else DEFAULT_TIMESTEPS
+    if timesteps < 1:
+        raise ValueError(f"timesteps must be >= 1, got {timesteps}")
+    if not 0.0 <= select_from < 1.0:
+        raise ValueError(f"select_from is a fraction of the budget in [0, 1), got {select_from}")
+    if target_fraction is not None and not 0.0 < target_fraction <= 1.5:
+        raise ValueError(f"target_fraction is a fraction of the oracle's utility (e.g. 0.95), got {target_fraction}")
+    return int(timesteps)
+
+
+def _eval_callback(score: Any, policy_metadata: Dict[str, Any], eval_every: int, select_from: float,
+                   started: float, target_fraction: Optional[float],
+                   tensorboard_log: Optional[Union[str, os.PathLike]], eval_hook: Optional[Any]) -> Tuple[Any, Any]:
+    """:class:`automdt.agents.callbacks.OracleEvalCallback` with its children: the target stop on
+    a new best, TensorBoard then the hook after every evaluation. Returns it and the TensorBoard
+    logger (None without ``tensorboard_log``)."""
+    from stable_baselines3.common.callbacks import CallbackList
+
+    from automdt.agents import callbacks as cbs
+
+    tensorboard = None if tensorboard_log is None else cbs.TensorBoardEvalLogger(tensorboard_log)
+    after_eval = [c for c in (tensorboard, None if eval_hook is None else cbs.EvalHookCallback(eval_hook))
+                  if c is not None]
+    evals = cbs.OracleEvalCallback(
+        score, policy_metadata, eval_every, select_from=select_from, started=started,
+        callback_on_new_best=None if target_fraction is None else cbs.StopTrainingOnOracleFraction(target_fraction),
+        callback_after_eval=CallbackList(after_eval) if after_eval else None,
+    )
+    return evals, tensorboard
+
+
+def _policy_start(profile: Profile, k: float, random_profiles: bool, cold_start: bool, network: Any,
+                  config: PPOConfig) -> Dict[str, Any]:
     """The metadata's ``start``: a policy trained on one profile starts at that profile's oracle
-    triple (:func:`automdt.simulator.oracle.oracle`); a general one at (1, 1, 1)."""
+    triple (:func:`automdt.simulator.oracle.oracle`); a general one at the cold start chosen in the
+    simulator (:func:`automdt.agents.cold_start.choose_cold_start`, with ``cold_start``) or at
+    (1, 1, 1)."""
+    if random_profiles and cold_start:
+        from automdt.agents.cold_start import choose_cold_start
+
+        return choose_cold_start(ppo_mod.PPOPolicy(network, deterministic=True,
+                                                   metadata=eval_policy_metadata(profile, config)))
     if random_profiles:
         return {"threads": [1, 1, 1], "source": "policy"}
     from automdt.simulator.oracle import oracle
