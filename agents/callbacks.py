@@ -286,11 +286,11 @@ class RichProgressCallback(BaseCallback):
         return True
 
     def _on_rollout_end(self) -> None:
-        status = {}
+        self.progress.update(self.task, completed=min(self.num_timesteps, self.total_timesteps))
         ev = self.evals
         if ev is not None and ev.best_state is not None:
-            status["status"] = f"oracle fraction {ev.last_point.fraction_of_oracle:.3f} (best {ev.best_fraction:.3f})"
-        self.progress.update(self.task, completed=min(self.num_timesteps, self.total_timesteps), **status)
+            self.progress.update(self.task, status=f"oracle fraction {ev.last_point.fraction_of_oracle:.3f} "
+                                                   f"(best {ev.best_fraction:.3f})")
 
     def close(self) -> None:
         if not self._closed:
