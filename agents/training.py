@@ -446,7 +446,7 @@ def train(
         model, init = make_model(profile, env, cfg, seed, init_from)
         started = time.perf_counter()
         evals, tensorboard = _eval_callback(
-            lambda policy: evaluate(policy, eval_profiles, k=k, steps=eval_steps, seed=EVAL_SEED),
+            lambda policy: evaluate(policy, eval_profiles, k=env.k, steps=eval_steps, seed=EVAL_SEED),
             eval_policy_metadata(profile, cfg), eval_every, select_from * timesteps, started, target_fraction,
             tensorboard_log, eval_hook)
         wall = None if max_seconds is None else cbs.StopTrainingOnWallTime(max_seconds, started)
@@ -467,7 +467,7 @@ def train(
     model.save(model_path)
     weight_names = ppo_sb3.write_numpy_weights(model_path, model.policy)
     os.chmod(model_path, 0o644)
-    start = _policy_start(profile, k, random_profiles, cold_start, model.policy, cfg)
+    start = _policy_start(profile, env.k, random_profiles, cold_start, model.policy, cfg)
     meta = training_metadata(
         profile, env, cfg, seed=seed, start=start, weight_names=weight_names, init_from=init_from,
         init_sha256=None if init is None else init.metadata.get("sha256"), timesteps=int(model.num_timesteps),
