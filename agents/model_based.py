@@ -48,9 +48,8 @@ from typing import Deque, List, Optional, Tuple
 
 import numpy as np
 
-from automdt.agents.base import clamp_triple
 from automdt.agents.marlin import finite
-from automdt.simulator.types import Observation, Triple
+from automdt.policy_contract import Observation, Triple, clamp_triple
 
 STARVED_FILL = 0.05
 """A buffer at or below this fill at the end of an interval starved its consumer."""
@@ -152,6 +151,11 @@ class ModelBasedPolicy:
         self._max = int(max_threads)
         self._start_probe()
         return self._current
+
+    def start_from(self, threads: Triple) -> None:
+        """The probe plan's first interval runs at ``threads`` (``--threads`` with ``--policy
+        model``): its samples are recorded with those counts, and the plan goes on from there."""
+        self._current = clamp_triple(threads, self._max if self._max is not None else max(int(x) for x in threads))
 
     def _start_probe(self) -> None:
         # Per stage: (threads, throughput, uncensored) samples, newest last; a new probe starts

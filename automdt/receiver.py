@@ -454,7 +454,7 @@ class Session:
         st = self.engine.stats()
         reply = {
             "type": "status",
-            "stats": _stats_dict(st),
+            "stats": st.to_json(),
             "done": self.done,
             "bad": self.bad,
             "errors": self.file_errors,
@@ -581,7 +581,7 @@ class Session:
             self.server.metrics.session_closed(self)
         if self.engine is not None:
             try:
-                self.bytes_written = int(_stats_dict(self.engine.stats()).get("write", {}).get("bytes", 0))
+                self.bytes_written = int(self.engine.stats().write.bytes)
             except Exception:  # totals are a courtesy; the close must happen
                 pass
             self.engine.close()
@@ -644,12 +644,6 @@ def _peer(frame) -> str:
         return str(frame.get("Peer-Address") or "")
     except (zmq.ZMQError, AttributeError, TypeError, KeyError):
         return ""
-
-
-def _stats_dict(st) -> Dict[str, Any]:
-    """Engine receiver stats as plain JSON."""
-    d = st._asdict()
-    return {k: (v._asdict() if hasattr(v, "_asdict") else v) for k, v in d.items()}
 
 
 class ReceiverServer:

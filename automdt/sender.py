@@ -16,14 +16,18 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import zmq
 
 from automdt import errors, interrupts, protocol
+from automdt.agents.static import StaticPolicy
 from automdt.controller import Controller
 from automdt.errors import AutomdtError, Interrupted
 from automdt.manifest import Manifest, file_digest, scan, shard_manifest
+
+if TYPE_CHECKING:
+    from automdt.transfer_engine import ReceiverStats
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +39,8 @@ ACTIVATE_BATCH = 256
 class TransferOptions:
     """Options of one transfer (the CLI builds this from its flags).
 
-    :param policy: a :class:`~automdt.agents.base.Policy`; ``None`` means static ``threads``.
+    :param policy: a :class:`~automdt.policy_contract.Policy`; ``None`` means static ``threads``
+        (:class:`automdt.agents.static.StaticPolicy`).
     :param threads: initial/static (read, net, write) thread counts.
     :param memory: bytes per staging buffer (sender and receiver each).
     :param chunk_size: bytes per chunk.
@@ -157,20 +162,6 @@ class Summary:
         d["bytes_per_second"] = round(self.bytes / self.seconds, 1) if self.seconds > 0 else 0.0
         d["seconds"] = round(self.seconds, 3)
         return d
-
-
-class _StaticPolicy:
-    """Fixed thread counts (the ``--threads`` default when no policy is given)."""
-
-    def __init__(self, triple):
-        self.triple = tuple(triple)
-        self.name = "static:%d,%d,%d" % self.triple
-
-    def reset(self, max_threads, seed=None):
-        return self.triple
-
-    def act(self, obs):
-        return self.triple
 
 
 _REMOTE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})(/.*)?$")
@@ -312,7 +303,8 @@ class _Transfer:
         self.pending: Deque[int] = deque()
         self.sweeps: Dict[int, int] = {}
         self.engine = None
-        self.receiver_stats: Dict[str, Any] = {}
+        self.receiver_stats: Optional[ReceiverStats] = None
+        """The receiver's counters from its last ``status`` reply (None before the first)."""
         self.write_threads_sent: Optional[int] = None
         self.want_write: Optional[int] = None
         self.clock = None
@@ -443,8 +435,7 @@ class _Transfer:
             self.token = protocol.data_token(self.secret, sn, cn)
         else:
             self.token = bytes.fromhex(str(w.get("token", "")))
-        policy = self.o.policy or _StaticPolicy(self.o.threads)
-        self.policy = policy
+        self.policy = self.o.policy or StaticPolicy(*self.o.threads)
         r = self.ctl.request({
             "type": "open", "subdir": self.subdir, "chunk_size": self.o.chunk_size, "memory": self.o.memory,
             "write_threads": self.o.threads[2], "checksum": self.o.checksum, "fsync": self.o.fsync,
@@ -464,6 +455,8 @@ class _Transfer:
         if self.o.data_endpoint_hook is not None:
             self.data_host, self.data_port = self.o.data_endpoint_hook(self.host, self.data_port)
         self.chunk_size = int(r["chunk_size"])
+        self.receiver_max_threads = int(r.get("max_threads") or 0) or None
+        """The receiver clamps write threads to this (its ``--max-threads``)."""
 
     def _plan(self) -> None:
         files = self.m.files
@@ -556,7 +549,7 @@ class _Transfer:
             self.want_write = t[2]
 
         ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file,
-                                            **self._start())
+                                            write_max=self.receiver_max_threads, **self._start())
         if self.clock is not None or any(any(v) for v in self.limits.values()):
             from automdt.throttle import format_throttle
 
@@ -577,13 +570,13 @@ class _Transfer:
             self._poll()
             self._engine_events()
             st = self.engine.stats()
-            written = self.receiver_stats.get("write", {}).get("bytes", 0)
+            rx = self.receiver_stats
+            written = rx.write.bytes if rx is not None else 0
             if written != last_written:
                 last_written, last_progress, quiet_since = written, now, None
             # Sweep: the sender has handed everything to the kernel and the receiver is drained,
             # yet files are incomplete: ask which chunks are missing and send them again.
-            rbuf = self.receiver_stats.get("buffer", {})
-            if self.active and st.chunks_pending == 0 and rbuf.get("fill_bytes", 1) == 0:
+            if self.active and st.chunks_pending == 0 and rx is not None and rx.buffer.fill_bytes == 0:
                 quiet_since = quiet_since or now
                 if now - quiet_since > 0.3:
                     self._sweep()
@@ -659,8 +652,10 @@ class _Transfer:
         if self.want_write_limit != self.write_limit_sent:
             msg["write_throttle"] = [int(self.want_write_limit[0]), int(self.want_write_limit[1])]
             self.write_limit_sent = self.want_write_limit
+        from automdt.transfer_engine import ReceiverStats
+
         r = self.ctl.request(msg)
-        self.receiver_stats = r.get("stats") or {}
+        self.receiver_stats = ReceiverStats.from_json(r["stats"]) if r.get("stats") else None
         for fid in r.get("done", []):
             if self.active.pop(fid, None) is not None:
                 self.summary.files_transferred += 1
