@@ -302,7 +302,7 @@ def _resolve_policy(args, max_threads: int):
     are :class:`automdt.agents.static.StaticPolicy`, built here or by the registry: ``globus``), the
     counts the receiver opens with, and the counts an adaptive policy starts from (``--threads``
     given with a ``--policy`` that is not ``static:``; None otherwise: :mod:`automdt.start`)."""
-    from automdt.agents.static import StaticPolicy
+    from automdt.agents.static import StaticPolicy, parse_static
     from automdt.units import parse_threads
 
     if args.policy is None and args.threads is not None:
@@ -311,10 +311,10 @@ def _resolve_policy(args, max_threads: int):
     spec = args.policy or "ppo"
     if spec.startswith("static:"):
         try:
-            triple = parse_threads(spec[len("static:"):])
+            static = parse_static(spec)
         except ValueError as e:
             raise AutomdtError(f"--policy {spec}: {e}", errors.USAGE) from None
-        return StaticPolicy(*triple), triple, None
+        return static, static.triple, None
     if spec.strip().lower() == "oracle":
         raise AutomdtError(ORACLE_ONLY_IN_SIMULATOR, errors.USAGE)
     try:

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from automdt.interval import IntervalRecord
-from automdt.policy_contract import Observation, Policy, Triple, clamp_triple
+from automdt.policy_contract import STAGES, Observation, Policy, Triple, clamp_triple
 
 if TYPE_CHECKING:
     from automdt.transfer_engine.engine import BufferStats, ReceiverStats, SenderStats
@@ -79,13 +79,13 @@ class Controller:
         own = self._clamp(self.policy.reset(self.max_threads), self.max_threads)
         if self.start_choice is None:
             self.threads = own
-            record = {"threads": dict(zip(("read", "net", "write"), self.threads)), "source": "policy"}
+            record = {"threads": dict(zip(STAGES, self.threads)), "source": "policy"}
         else:
             self.threads = self._clamp(self.start_choice.threads, self.max_threads)
             hook = getattr(self.policy, "start_from", None)
             if hook is not None:
                 hook(self.threads)
-            record = self.start_choice.log_record()
+            record = dict(self.start_choice.log_record(), threads=dict(zip(STAGES, self.threads)))
         self.apply(self.threads)
         self.t0 = self._last_t = time.monotonic()
         self.start_record = {"t": 0.0, "start": record, "policy": self._name()}

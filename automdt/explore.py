@@ -17,7 +17,6 @@ closes (``"scratch": true`` in ``open``, ``automdt/PROTOCOL.md``).
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -110,6 +109,7 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
     stood behind, :func:`weak_fit`; empty when it can).
     """
     from automdt.simulator.fit import fit_profile, stage_confidence
+    from automdt.simulator.profile import write_samples
 
     remote, where = parse_dest(dest)
     explorer = RandomExplorer(seed)
@@ -155,10 +155,8 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
     if len(samples) < 3:
         raise AutomdtError(f"exploration gathered only {len(samples)} intervals in {seconds:.0f} s (a profile "
                            "needs at least 10): use a larger dataset or a longer --duration", errors.WEAK_FIT)
-    if samples_path:
-        with open(samples_path, "w") as f:
-            for s in samples:
-                f.write(json.dumps(s) + "\n")
+    if samples_path:  # the format of a profile's samples file (JSONL or CSV by suffix)
+        write_samples(samples, samples_path)
     buffers = (opts.memory, opts.memory)
     profile = fit_profile(samples, interval_s=opts.interval_s, buffers=buffers, max_threads=opts.max_threads)
     # the chunk size the path was explored with: the simulator shows its chunk effects (training)

@@ -63,3 +63,27 @@ def test_the_simulator_and_the_agents_re_export_the_one_contract():
     assert base.Policy is contract.Policy and base.clamp_triple is contract.clamp_triple
     assert isinstance(StaticPolicy(1, 2, 3), contract.Policy)
     assert contract.clamp_triple((0, 2.6, 99), 8) == (1, 3, 8)
+
+
+def test_the_receivers_write_bound_reaches_the_controller(make_tree, tmp_path):
+    """A receiver started with ``--max-threads 2`` clamps write threads: the sender reads the bound
+    from the ``opened`` reply, so the log shows (and the next interval asks for) what runs."""
+    pytest.importorskip("automdt.transfer_engine._engine")
+    from automdt.receiver import ReceiverServer
+    from automdt.sender import TransferOptions, run_transfer
+
+    src = make_tree({f"f{i}.bin": 1 << 20 for i in range(3)})
+    root = tmp_path / "root"
+    root.mkdir()
+    log = tmp_path / "log.jsonl"
+    srv = ReceiverServer(str(root), "127.0.0.1", 0, max_threads=2).start()
+    try:
+        s = run_transfer(str(src), f"127.0.0.1:{srv.port}/in", TransferOptions(
+            threads=(2, 2, 6), max_threads=8, interval_s=0.25, log_path=str(log),
+            throttle={"read": (0, 3_000_000)}))
+    finally:
+        srv.stop()
+    assert s.exit_code == 0, s.errors
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert lines[0]["start"]["threads"] == {"read": 2, "net": 2, "write": 2}
+    assert len(lines) >= 3 and all(x["threads"]["write"] == 2 and x["next_threads"]["write"] == 2 for x in lines[1:])
