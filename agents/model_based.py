@@ -152,11 +152,6 @@ class ModelBasedPolicy:
         self._start_probe()
         return self._current
 
-    def start_from(self, threads: Triple) -> None:
-        """The probe plan's first interval runs at ``threads`` (``--threads`` with ``--policy
-        model``): its samples are recorded with those counts, and the plan goes on from there."""
-        self._current = clamp_triple(threads, self._max if self._max is not None else max(int(x) for x in threads))
-
     def _start_probe(self) -> None:
         # Per stage: (threads, throughput, uncensored) samples, newest last; a new probe starts
         # a new model, since conditions changed.
@@ -175,6 +170,12 @@ class ModelBasedPolicy:
         self._running = 0
         self.solution = None
         self.planned_rate = 0.0
+
+    def start_from(self, threads: Triple) -> None:
+        """The probe plan's first interval runs at ``threads`` (``--threads`` with ``--policy
+        model``): its samples are recorded with those counts, and the plan goes on from there."""
+        limit = self._max if self._max is not None else max(int(x) for x in threads)
+        self._current = clamp_triple(threads, limit)
 
     @property
     def probing(self) -> bool:

@@ -24,6 +24,7 @@ from automdt import errors, interrupts, protocol
 from automdt.agents.static import StaticPolicy
 from automdt.controller import Controller
 from automdt.errors import AutomdtError, Interrupted
+from automdt.interval import IntervalRecord
 from automdt.manifest import Manifest, file_digest, scan, shard_manifest
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ class Summary:
     """With ``--dry-run``: the files that would be sent (first 1000)."""
     shard: Optional[str] = None
     """With ``--shard``: ``"I/N"`` (the file counts are this shard's)."""
-    history: List[Dict[str, Any]] = field(default_factory=list, repr=False)
+    history: List[IntervalRecord] = field(default_factory=list, repr=False)
     """The controller's interval records (not part of the JSON summary)."""
     retryable: bool = field(default=True, repr=False)
     """A network failure worth retrying (not part of the JSON summary)."""

@@ -177,7 +177,7 @@ class ReceiverStats(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (the receiver's ``status`` reply carries it: ``automdt/PROTOCOL.md``)."""
-        return {k: (v._asdict() if isinstance(v, tuple) else v) for k, v in self._asdict().items()}
+        return {k: (v.to_json() if isinstance(v, (StageStats, BufferStats)) else v) for k, v in self._asdict().items()}
 
     @classmethod
     def from_json(cls, d: Any) -> "ReceiverStats":
@@ -188,8 +188,9 @@ class ReceiverStats(NamedTuple):
         """
         if not isinstance(d, dict):
             raise ValueError(f"receiver stats must be a JSON object, got {type(d).__name__}")
-        nested = {"recv": StageStats, "write": StageStats, "buffer": BufferStats}
-        return cls(*(nested[f].from_json(d.get(f)) if f in nested else (d.get(f) or 0) for f in cls._fields))
+        counts = _fields_from(cls, d)[4:]
+        return cls(float(d.get("time_s") or 0.0), StageStats.from_json(d.get("recv")),
+                   StageStats.from_json(d.get("write")), BufferStats.from_json(d.get("buffer")), *counts)
 
 
 def _fields_from(cls: Any, d: Any) -> list[Any]:
