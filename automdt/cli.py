@@ -298,50 +298,40 @@ def _policy_error(e: BaseException) -> AutomdtError:
 
 
 def _resolve_policy(args, max_threads: int):
-    """``(policy, threads, start)`` from ``--policy`` and ``--threads``: the policy (static counts
-    are :class:`automdt.agents.static.StaticPolicy`, built here or by the registry: ``globus``), the
-    counts the receiver opens with, and the counts an adaptive policy starts from (``--threads``
-    given with a ``--policy`` that is not ``static:``; None otherwise: :mod:`automdt.start`)."""
-    from automdt.agents.static import StaticPolicy, parse_static
+    """``(policy, threads, start)`` from ``--policy`` and ``--threads``: the policy (fixed counts
+    are :class:`automdt.agents.static.StaticPolicy`: ``--threads`` alone, ``static:R,N,W``,
+    ``globus``), the counts the receiver opens with, and the counts an adaptive policy starts from
+    (``--threads`` given with a ``--policy`` other than ``static:``; None otherwise:
+    :mod:`automdt.start`)."""
+    from automdt.agents.registry import make_policy
+    from automdt.agents.static import StaticPolicy
     from automdt.units import parse_threads
 
     if args.policy is None and args.threads is not None:
         triple = parse_threads(args.threads)
         return StaticPolicy(*triple), triple, None
     spec = args.policy or "ppo"
-    if spec.startswith("static:"):
-        try:
-            static = parse_static(spec)
-        except ValueError as e:
-            raise AutomdtError(f"--policy {spec}: {e}", errors.USAGE) from None
-        return static, static.triple, None
     if spec.strip().lower() == "oracle":
         raise AutomdtError(ORACLE_ONLY_IN_SIMULATOR, errors.USAGE)
-    try:
-        from automdt.agents.registry import make_policy
-    except ImportError:
-        raise AutomdtError(f"policy {spec!r}: only static:R,N,W is available in this build", errors.USAGE) from None
     try:
         pol = make_policy(spec, max_threads=max_threads)
     except (ValueError, TypeError, OSError, ImportError, AttributeError) as e:
         raise _policy_error(e) from None
+    if isinstance(pol, StaticPolicy) and spec.strip().lower().startswith("static:"):
+        return pol, pol.triple, None
     start = parse_threads(args.threads) if args.threads else None
     return pol, start or (1, 1, 1), start
 
 
 def _check_policy(args) -> None:
     """The --policy spec, checked before the lock and any work (loading it comes after the lock)."""
+    from automdt.agents.registry import check_spec
+
     spec = getattr(args, "policy", None)
     if spec is None:
         return
     if spec.strip().lower() == "oracle":
         raise AutomdtError(ORACLE_ONLY_IN_SIMULATOR, errors.USAGE)
-    try:
-        from automdt.agents.registry import check_spec
-    except ImportError:
-        if not spec.startswith("static:"):
-            raise AutomdtError(f"policy {spec!r}: only static:R,N,W is available in this build", errors.USAGE) from None
-        return
     try:
         check_spec(spec)
     except (ValueError, TypeError, ImportError, OSError) as e:
