@@ -298,44 +298,40 @@ def _policy_error(e: BaseException) -> AutomdtError:
 
 
 def _resolve_policy(args, max_threads: int):
+    """``(policy, threads, start)`` from ``--policy`` and ``--threads``: the policy (fixed counts
+    are :class:`automdt.agents.static.StaticPolicy`: ``--threads`` alone, ``static:R,N,W``,
+    ``globus``), the counts the receiver opens with, and the counts an adaptive policy starts from
+    (``--threads`` given with a ``--policy`` other than ``static:``; None otherwise:
+    :mod:`automdt.start`)."""
+    from automdt.agents.registry import make_policy
+    from automdt.agents.static import StaticPolicy
     from automdt.units import parse_threads
 
     if args.policy is None and args.threads is not None:
-        return None, parse_threads(args.threads)
+        triple = parse_threads(args.threads)
+        return StaticPolicy(*triple), triple, None
     spec = args.policy or "ppo"
-    if spec.startswith("static:"):
-        try:
-            triple = parse_threads(spec[len("static:"):])
-        except ValueError as e:
-            raise AutomdtError(f"--policy {spec}: {e}", errors.USAGE) from None
-        return None, triple
     if spec.strip().lower() == "oracle":
         raise AutomdtError(ORACLE_ONLY_IN_SIMULATOR, errors.USAGE)
-    try:
-        from automdt.agents.registry import make_policy
-    except ImportError:
-        raise AutomdtError(f"policy {spec!r}: only static:R,N,W is available in this build", errors.USAGE) from None
     try:
         pol = make_policy(spec, max_threads=max_threads)
     except (ValueError, TypeError, OSError, ImportError, AttributeError) as e:
         raise _policy_error(e) from None
-    start = parse_threads(args.threads) if args.threads else (1, 1, 1)
-    return pol, start
+    if isinstance(pol, StaticPolicy) and spec.strip().lower().startswith("static:"):
+        return pol, pol.triple, None
+    start = parse_threads(args.threads) if args.threads else None
+    return pol, start or (1, 1, 1), start
 
 
 def _check_policy(args) -> None:
     """The --policy spec, checked before the lock and any work (loading it comes after the lock)."""
+    from automdt.agents.registry import check_spec
+
     spec = getattr(args, "policy", None)
     if spec is None:
         return
     if spec.strip().lower() == "oracle":
         raise AutomdtError(ORACLE_ONLY_IN_SIMULATOR, errors.USAGE)
-    try:
-        from automdt.agents.registry import check_spec
-    except ImportError:
-        if not spec.startswith("static:"):
-            raise AutomdtError(f"policy {spec!r}: only static:R,N,W is available in this build", errors.USAGE) from None
-        return
     try:
         check_spec(spec)
     except (ValueError, TypeError, ImportError, OSError) as e:
@@ -397,8 +393,7 @@ def _with_history(args, run_transfer):
         rec, warning = history.load(path)
         if warning:
             log.warning("%s", warning)
-        if opts.policy is not None:
-            opts.history = rec
+        opts.history = rec  # only policies that take a start use it (automdt.start)
         summary = run_transfer(args.src, args.dest, opts)
         name = getattr(opts.policy, "name", None) or "static:%d,%d,%d" % tuple(opts.threads)
         failed = history.update(path, summary.history, previous=rec, policy=name, max_threads=opts.max_threads,
@@ -478,9 +473,8 @@ def cmd_transfer(args) -> int:
     try:
         interrupts.ready()
         with lock:
-            opts.policy, opts.threads = _resolve_policy(args, args.max_threads)
-            if opts.policy is not None and args.threads:
-                opts.start_threads = opts.threads  # explicit start counts win over the job's history
+            # explicit start counts (--threads with --policy) win over the job's history
+            opts.policy, opts.threads, opts.start_threads = _resolve_policy(args, args.max_threads)
             summary = _run_with_display(args, _with_history(args, run_transfer), opts)
     except AutomdtError as e:
         if e.code == errors.USAGE and lock.lock is None and not args.no_lock:
@@ -652,7 +646,7 @@ def cmd_demo(args) -> int:
             opts = TransferOptions(threads=parse_threads(args.threads))
         else:
             args.policy = None
-            policy, threads = _resolve_policy(args, 32)
+            policy, threads, _ = _resolve_policy(args, 32)
             opts = TransferOptions(policy=policy, threads=threads)
         summary = _run_with_display(args, lambda o: run_transfer(src, dst, o), opts)
         with interrupts.shielded():

@@ -15,14 +15,19 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import zmq
 
 from automdt import errors, interrupts, protocol
+from automdt.agents.static import StaticPolicy
 from automdt.controller import Controller
 from automdt.errors import AutomdtError, Interrupted
+from automdt.interval import IntervalRecord
 from automdt.manifest import Manifest, file_digest, scan, shard_manifest
+
+if TYPE_CHECKING:
+    from automdt.transfer_engine import ReceiverStats
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +64,8 @@ LOCAL_MIN_MEMORY = 1 << 20
 class TransferOptions:
     """Options of one transfer (the CLI builds this from its flags).
 
-    :param policy: a :class:`~automdt.agents.base.Policy`; ``None`` means static ``threads``.
+    :param policy: a :class:`~automdt.policy_contract.Policy`; ``None`` means static ``threads``
+        (:class:`automdt.agents.static.StaticPolicy`).
     :param threads: initial/static (read, net, write) thread counts.
     :param memory: bytes per staging buffer (sender and receiver each).
     :param chunk_size: bytes per chunk.
@@ -164,7 +170,7 @@ class Summary:
     """With ``--dry-run``: the files that would be sent (the first ``SUMMARY_PATHS_MAX``)."""
     shard: Optional[str] = None
     """With ``--shard``: ``"I/N"`` (the file counts are this shard's)."""
-    history: List[Dict[str, Any]] = field(default_factory=list, repr=False)
+    history: List[IntervalRecord] = field(default_factory=list, repr=False)
     """The controller's interval records (not part of the JSON summary)."""
     retryable: bool = field(default=True, repr=False)
     """A network failure worth retrying (not part of the JSON summary)."""
@@ -181,20 +187,6 @@ class Summary:
         d["bytes_per_second"] = round(self.bytes / self.seconds, 1) if self.seconds > 0 else 0.0
         d["seconds"] = round(self.seconds, 3)
         return d
-
-
-class _StaticPolicy:
-    """Fixed thread counts (the ``--threads`` default when no policy is given)."""
-
-    def __init__(self, triple):
-        self.triple = tuple(triple)
-        self.name = "static:%d,%d,%d" % self.triple
-
-    def reset(self, max_threads, seed=None):
-        return self.triple
-
-    def act(self, obs):
-        return self.triple
 
 
 _REMOTE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})(/.*)?$")
@@ -357,8 +349,10 @@ class _Transfer:
         # the engine and its control
         self.engine: Any = None
         self.controller: Optional[Controller] = None
-        self.receiver_stats: Dict[str, Any] = {}
-        """The receiver's counters from its last ``status`` reply."""
+        self.receiver_stats: Optional[ReceiverStats] = None
+        """The receiver's counters from its last ``status`` reply (None before the first)."""
+        self.receiver_max_threads: Optional[int] = None
+        """The receiver clamps write threads to this (its ``--max-threads``, from ``opened``)."""
         self.write_threads_sent: Optional[int] = None
         self.want_write: Optional[int] = None
         self.clock: Any = None
@@ -496,8 +490,7 @@ class _Transfer:
             self.token = protocol.data_token(self.secret, sn, cn)
         else:
             self.token = bytes.fromhex(w.token or "")
-        policy = self.o.policy or _StaticPolicy(self.o.threads)
-        self.policy = policy
+        self.policy = self.o.policy or StaticPolicy(*self.o.threads)
         r = self.ctl.call(protocol.Open(
             subdir=self.subdir, chunk_size=self.o.chunk_size, memory=self.o.memory, write_threads=self.o.threads[2],
             checksum=self.o.checksum, fsync=self.o.fsync, write_throttle=self.write_limit_sent,
@@ -515,6 +508,7 @@ class _Transfer:
         if self.o.data_endpoint_hook is not None:
             self.data_host, self.data_port = self.o.data_endpoint_hook(self.host, self.data_port)
         self.chunk_size = r.chunk_size
+        self.receiver_max_threads = r.max_threads or None
 
     def _plan(self) -> None:
         files = self.m.files
@@ -631,7 +625,7 @@ class _Transfer:
             self.want_write = t[2]
 
         ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file,
-                                            **self._start())
+                                            write_max=self.receiver_max_threads, **self._start())
         if self.clock is not None or any(any(v) for v in self.limits.values()):
             from automdt.throttle import format_throttle
 
@@ -642,13 +636,13 @@ class _Transfer:
     def _watch(self, st, now: float) -> int:
         """Track the receiver's written bytes (returned); sweep for lost chunks when both ends are
         idle, abort (exit 5) when nothing was written for ``stall_s``."""
-        written = self.receiver_stats.get("write", {}).get("bytes", 0)
+        rx = self.receiver_stats
+        written = rx.write.bytes if rx is not None else 0
         if written != self.last_written:
             self.last_written, self.last_progress, self.quiet_since = written, now, None
         # Sweep: the sender has handed everything to the kernel and the receiver is drained,
         # yet files are incomplete: ask which chunks are missing and send them again.
-        rbuf = self.receiver_stats.get("buffer", {})
-        if self.active and st.chunks_pending == 0 and rbuf.get("fill_bytes", 1) == 0:
+        if self.active and st.chunks_pending == 0 and rx is not None and rx.buffer.fill_bytes == 0:
             self.quiet_since = self.quiet_since or now
             if now - self.quiet_since > SWEEP_QUIET_S:
                 self._sweep()
@@ -731,8 +725,10 @@ class _Transfer:
         if self.want_write_limit != self.write_limit_sent:
             req.write_throttle = _ints(self.want_write_limit)
             self.write_limit_sent = self.want_write_limit
+        from automdt.transfer_engine import ReceiverStats
+
         r = self.ctl.call(req)
-        self.receiver_stats = r.stats
+        self.receiver_stats = ReceiverStats.from_json(r.stats) if r.stats else None
         for fid in r.done:
             if self.active.pop(fid, None) is not None:
                 self.summary.files_transferred += 1

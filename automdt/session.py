@@ -62,12 +62,6 @@ class Accounting:
     """Bytes the write stage wrote, taken when the engine closes."""
 
 
-def _stats_dict(st) -> Dict[str, Any]:
-    """Engine receiver stats as plain JSON."""
-    d = st._asdict()
-    return {k: (v._asdict() if hasattr(v, "_asdict") else v) for k, v in d.items()}
-
-
 class Session:
     """One sender's transfer into ``root``/``subdir``.
 
@@ -393,7 +387,7 @@ class Session:
             self.engine.set_throttle("write", t, total)
         self.pump()
         st = self.engine.stats()
-        reply = protocol.Status(_stats_dict(st), self.done, self.bad, self.file_errors,
+        reply = protocol.Status(st.to_json(), self.done, self.bad, self.file_errors,
                                 list(self.fatal) if self.fatal else None, time.monotonic())
         self.done, self.bad, self.file_errors = [], [], []
         return reply
@@ -504,7 +498,7 @@ class Session:
         acct = self.accounting
         if self.engine is not None:
             try:
-                acct.bytes_written = int(_stats_dict(self.engine.stats()).get("write", {}).get("bytes", 0))
+                acct.bytes_written = int(self.engine.stats().write.bytes)
             except Exception:  # totals are a courtesy; the close must happen
                 pass
             self.engine.close()

@@ -94,6 +94,14 @@ class StageStats(NamedTuple):
     threads_live: int
     """Threads running now (an exiting thread counts until it finished its chunk)."""
 
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_json(cls, d: Any) -> "StageStats":
+        """Read :meth:`to_json` back; a missing counter reads as 0 (a peer of an older version)."""
+        return cls(*_fields_from(cls, d))
+
 
 class BufferStats(NamedTuple):
     """Occupancy of one staging buffer."""
@@ -110,6 +118,14 @@ class BufferStats(NamedTuple):
     """Slots malloc'ed so far (lazily, reused, freed at close)."""
     slots_ready: int
     """Filled slots waiting for the consumer stage."""
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_json(cls, d: Any) -> "BufferStats":
+        """Read :meth:`to_json` back; a missing counter reads as 0."""
+        return cls(*_fields_from(cls, d))
 
 
 class SenderStats(NamedTuple):
@@ -158,6 +174,28 @@ class ReceiverStats(NamedTuple):
     """Connections closed before any frame: bad hello/token, no hello, too many."""
     protocol_errors: int
     """Connections closed on an invalid frame header."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON (the receiver's ``status`` reply carries it: ``automdt/PROTOCOL.md``)."""
+        return {k: (v.to_json() if isinstance(v, (StageStats, BufferStats)) else v) for k, v in self._asdict().items()}
+
+    @classmethod
+    def from_json(cls, d: Any) -> "ReceiverStats":
+        """Read :meth:`to_json` back (the sender reads the receiver's ``status`` reply with it); a
+        missing counter reads as 0 (a receiver of an older version).
+
+        :raises ValueError: ``d`` is not a JSON object.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"receiver stats must be a JSON object, got {type(d).__name__}")
+        counts = _fields_from(cls, d)[4:]
+        return cls(float(d.get("time_s") or 0.0), StageStats.from_json(d.get("recv")),
+                   StageStats.from_json(d.get("write")), BufferStats.from_json(d.get("buffer")), *counts)
+
+
+def _fields_from(cls: Any, d: Any) -> list[Any]:
+    d = d if isinstance(d, dict) else {}
+    return [d.get(f) or 0 for f in cls._fields]
 
 
 def _stage(t: tuple[int, int, int, int, int, int]) -> StageStats:
