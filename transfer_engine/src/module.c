@@ -30,17 +30,17 @@ typedef struct {
 
 static PyObject *amdt_stage_tuple(const amdt_stage_stats *st)
 {
-    return Py_BuildValue("(KKKKii)", (unsigned long long)st->bytes,
-                         (unsigned long long)st->busy_ns, (unsigned long long)st->wait_ns,
-                         (unsigned long long)st->idle_ns, st->target, st->live);
+    return Py_BuildValue("(KKKKii)", (unsigned long long)st->bytes, (unsigned long long)st->busy_ns,
+                         (unsigned long long)st->wait_ns, (unsigned long long)st->idle_ns,
+                         st->target, st->live);
 }
 
 static PyObject *amdt_buffer_tuple(const amdt_pool_stats *b)
 {
     return Py_BuildValue("(KKKKKK)", (unsigned long long)b->fill_bytes,
                          (unsigned long long)b->capacity_bytes, (unsigned long long)b->slots_used,
-                         (unsigned long long)b->slots_total,
-                         (unsigned long long)b->slots_allocated, (unsigned long long)b->ready);
+                         (unsigned long long)b->slots_total, (unsigned long long)b->slots_allocated,
+                         (unsigned long long)b->ready);
 }
 
 static PyObject *amdt_event_tuple(const amdt_event *ev)
@@ -153,10 +153,23 @@ static int Sender_ok(SenderObject *self)
 
 static int Sender_init(SenderObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"host", "port", "token", "chunk_size", "memory_bytes",
-                             "max_threads", "read_thread_bps", "read_total_bps",
-                             "net_thread_bps", "net_total_bps", "sndbuf", "fault_corrupt",
-                             "read_threads", "net_threads", "tls_key", "zerocopy", NULL};
+    static char *kwlist[] = {"host",
+                             "port",
+                             "token",
+                             "chunk_size",
+                             "memory_bytes",
+                             "max_threads",
+                             "read_thread_bps",
+                             "read_total_bps",
+                             "net_thread_bps",
+                             "net_total_bps",
+                             "sndbuf",
+                             "fault_corrupt",
+                             "read_threads",
+                             "net_threads",
+                             "tls_key",
+                             "zerocopy",
+                             NULL};
     const char *host;
     int port, max_threads = 64, sndbuf = 0, fault = 0, nr = 1, nn = 1, zerocopy = 1;
     Py_buffer tok = {0};
@@ -191,12 +204,22 @@ static int Sender_init(SenderObject *self, PyObject *args, PyObject *kwds)
         goto error;
     }
     amdt_sender_cfg cfg = {
-        .host = host, .port = port, .token = tok.buf, .chunk_size = (uint64_t)chunk,
-        .memory_bytes = (uint64_t)mem, .max_threads = max_threads,
-        .read_thread_bps = (uint64_t)rt, .read_total_bps = (uint64_t)rT,
-        .net_thread_bps = (uint64_t)nt, .net_total_bps = (uint64_t)nT, .sndbuf = sndbuf,
-        .fault_corrupt = fault < 0 ? 0 : fault, .read_threads = nr, .net_threads = nn,
-        .tls_key = key, .zerocopy = zerocopy,
+        .host = host,
+        .port = port,
+        .token = tok.buf,
+        .chunk_size = (uint64_t)chunk,
+        .memory_bytes = (uint64_t)mem,
+        .max_threads = max_threads,
+        .read_thread_bps = (uint64_t)rt,
+        .read_total_bps = (uint64_t)rT,
+        .net_thread_bps = (uint64_t)nt,
+        .net_total_bps = (uint64_t)nT,
+        .sndbuf = sndbuf,
+        .fault_corrupt = fault < 0 ? 0 : fault,
+        .read_threads = nr,
+        .net_threads = nn,
+        .tls_key = key,
+        .zerocopy = zerocopy,
     };
     /* Name resolution and thread start can block. */
     Py_BEGIN_ALLOW_THREADS
@@ -260,8 +283,8 @@ static PyObject *Sender_add_file(SenderObject *self, PyObject *args)
         }
         for (Py_ssize_t i = 0; i < n; i++) {
             long long off, len;
-            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "LL;ranges items are (offset, length)",
-                                  &off, &len))
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i),
+                                  "LL;ranges items are (offset, length)", &off, &len))
                 goto error;
             if (amdt_check_nonneg(off, "range offset") != 0 ||
                 amdt_check_nonneg(len, "range length") != 0)
@@ -303,8 +326,8 @@ static PyObject *Sender_requeue(SenderObject *self, PyObject *args)
     if (amdt_check_u32(id, "file_id") != 0 || amdt_check_nonneg(off, "offset") != 0 ||
         amdt_check_nonneg(len, "length") != 0)
         return NULL;
-    int rc = amdt_sender_requeue(self->s, (uint32_t)id, (uint64_t)off, (uint64_t)len, err,
-                                 sizeof(err));
+    int rc =
+        amdt_sender_requeue(self->s, (uint32_t)id, (uint64_t)off, (uint64_t)len, err, sizeof(err));
     if (rc == -1) {
         PyErr_SetString(PyExc_KeyError, err);
         return NULL;
@@ -400,9 +423,10 @@ static PyObject *Sender_stats(SenderObject *self, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     amdt_sender_get_stats(self->s, &st);
-    return Py_BuildValue("(KNNNKKKKKKK)", (unsigned long long)st.time_ns, amdt_stage_tuple(&st.read),
-                         amdt_stage_tuple(&st.net), amdt_buffer_tuple(&st.buffer),
-                         (unsigned long long)st.chunks_sent, (unsigned long long)st.chunks_requeued,
+    return Py_BuildValue("(KNNNKKKKKKK)", (unsigned long long)st.time_ns,
+                         amdt_stage_tuple(&st.read), amdt_stage_tuple(&st.net),
+                         amdt_buffer_tuple(&st.buffer), (unsigned long long)st.chunks_sent,
+                         (unsigned long long)st.chunks_requeued,
                          (unsigned long long)st.frames_corrupted,
                          (unsigned long long)st.chunks_pending, (unsigned long long)st.files_failed,
                          (unsigned long long)st.tcp_segs_out, (unsigned long long)st.tcp_retrans);
@@ -442,7 +466,8 @@ static PyObject *Sender_get_zerocopy(SenderObject *self, void *Py_UNUSED(closure
 static PyMethodDef Sender_methods[] = {
     {"add_file", (PyCFunction)Sender_add_file, METH_VARARGS,
      "add_file(file_id, path, size, mtime_ns, ranges=None)"},
-    {"requeue", (PyCFunction)Sender_requeue, METH_VARARGS, "requeue(file_id, offset, length) -> bool"},
+    {"requeue", (PyCFunction)Sender_requeue, METH_VARARGS,
+     "requeue(file_id, offset, length) -> bool"},
     {"cancel_file", (PyCFunction)Sender_cancel_file, METH_VARARGS,
      "cancel_file(file_id): drop the file's chunks not sent yet"},
     {"set_threads", (PyCFunction)Sender_set_threads, METH_VARARGS,
@@ -465,9 +490,10 @@ static PyGetSetDef Sender_getset[] = {
 };
 
 static PyType_Slot Sender_slots[] = {
-    {Py_tp_doc, "Sender(host, port, token, chunk_size, memory_bytes, max_threads=64, "
-                "read_thread_bps=0, read_total_bps=0, net_thread_bps=0, net_total_bps=0, "
-                "sndbuf=0, fault_corrupt=0, read_threads=1, net_threads=1, tls_key=None, zerocopy=True)"},
+    {Py_tp_doc,
+     "Sender(host, port, token, chunk_size, memory_bytes, max_threads=64, "
+     "read_thread_bps=0, read_total_bps=0, net_thread_bps=0, net_total_bps=0, "
+     "sndbuf=0, fault_corrupt=0, read_threads=1, net_threads=1, tls_key=None, zerocopy=True)"},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, Sender_init},
     {Py_tp_dealloc, Sender_dealloc},
@@ -502,9 +528,18 @@ static int Receiver_ok(ReceiverObject *self)
 
 static int Receiver_init(ReceiverObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"host", "port", "token", "chunk_size", "memory_bytes",
-                             "max_threads", "write_thread_bps", "write_total_bps", "rcvbuf",
-                             "write_threads", "tls_key", NULL};
+    static char *kwlist[] = {"host",
+                             "port",
+                             "token",
+                             "chunk_size",
+                             "memory_bytes",
+                             "max_threads",
+                             "write_thread_bps",
+                             "write_total_bps",
+                             "rcvbuf",
+                             "write_threads",
+                             "tls_key",
+                             NULL};
     const char *host;
     int port, max_threads = 64, rcvbuf = 0, nw = 1;
     Py_buffer tok = {0};
@@ -538,10 +573,17 @@ static int Receiver_init(ReceiverObject *self, PyObject *args, PyObject *kwds)
         goto error;
     }
     amdt_receiver_cfg cfg = {
-        .host = host, .port = port, .token = tok.buf, .chunk_size = (uint64_t)chunk,
-        .memory_bytes = (uint64_t)mem, .max_threads = max_threads,
-        .write_thread_bps = (uint64_t)wt, .write_total_bps = (uint64_t)wT, .rcvbuf = rcvbuf,
-        .write_threads = nw, .tls_key = key,
+        .host = host,
+        .port = port,
+        .token = tok.buf,
+        .chunk_size = (uint64_t)chunk,
+        .memory_bytes = (uint64_t)mem,
+        .max_threads = max_threads,
+        .write_thread_bps = (uint64_t)wt,
+        .write_total_bps = (uint64_t)wT,
+        .rcvbuf = rcvbuf,
+        .write_threads = nw,
+        .tls_key = key,
     };
     /* bind/listen and thread start can block. */
     Py_BEGIN_ALLOW_THREADS
@@ -590,8 +632,8 @@ static PyObject *Receiver_add_file(ReceiverObject *self, PyObject *args)
         return NULL;
     if (done != Py_None && PyObject_GetBuffer(done, &buf, PyBUF_SIMPLE) != 0)
         return NULL;
-    int rc = amdt_receiver_add_file(self->r, (uint32_t)id, fd, jfd < 0 ? -1 : jfd,
-                                    (uint64_t)size, done != Py_None ? buf.buf : NULL,
+    int rc = amdt_receiver_add_file(self->r, (uint32_t)id, fd, jfd < 0 ? -1 : jfd, (uint64_t)size,
+                                    done != Py_None ? buf.buf : NULL,
                                     done != Py_None ? (size_t)buf.len : 0, err, sizeof(err));
     if (done != Py_None)
         PyBuffer_Release(&buf);
@@ -712,14 +754,13 @@ static PyObject *Receiver_stats(ReceiverObject *self, PyObject *Py_UNUSED(ignore
         return NULL;
     }
     amdt_receiver_get_stats(self->r, &st);
-    return Py_BuildValue("(KNNNKKKKKKKK)", (unsigned long long)st.time_ns,
-                         amdt_stage_tuple(&st.recv), amdt_stage_tuple(&st.write),
-                         amdt_buffer_tuple(&st.buffer), (unsigned long long)st.chunks_written,
-                         (unsigned long long)st.chunks_bad, (unsigned long long)st.chunks_duplicate,
-                         (unsigned long long)st.chunks_orphaned, (unsigned long long)st.connections,
-                         (unsigned long long)st.connections_total,
-                         (unsigned long long)st.connections_rejected,
-                         (unsigned long long)st.protocol_errors);
+    return Py_BuildValue(
+        "(KNNNKKKKKKKK)", (unsigned long long)st.time_ns, amdt_stage_tuple(&st.recv),
+        amdt_stage_tuple(&st.write), amdt_buffer_tuple(&st.buffer),
+        (unsigned long long)st.chunks_written, (unsigned long long)st.chunks_bad,
+        (unsigned long long)st.chunks_duplicate, (unsigned long long)st.chunks_orphaned,
+        (unsigned long long)st.connections, (unsigned long long)st.connections_total,
+        (unsigned long long)st.connections_rejected, (unsigned long long)st.protocol_errors);
 }
 
 static PyObject *Receiver_events(ReceiverObject *self, PyObject *Py_UNUSED(ignored))
@@ -817,7 +858,8 @@ static PyObject *amdt_py_hash64(PyObject *mod, PyObject *args)
         }
     } else if (impl[0] != '\0') {
         PyBuffer_Release(&buf);
-        PyErr_Format(PyExc_ValueError, "impl must be '', 'libxxhash' or 'xxh3-avx2', got '%s'", impl);
+        PyErr_Format(PyExc_ValueError, "impl must be '', 'libxxhash' or 'xxh3-avx2', got '%s'",
+                     impl);
         return NULL;
     }
     /* Keeps the GIL: a test/diagnostic helper, and hashing runs at tens of GB/s. */

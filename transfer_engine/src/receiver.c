@@ -1,6 +1,7 @@
 /* Receiver: accept thread, receiving threads, staging buffer, write pool (see receiver.h). */
 #include "receiver.h"
 
+#include "hash.h"
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -8,7 +9,6 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include "hash.h"
 
 #include "wire.h"
 
@@ -226,7 +226,8 @@ int amdt_receiver_add_file(amdt_receiver *r, uint32_t id, int fd, int jfd, uint6
     int rc = -3, complete = 0;
 
     if (size == 0) {
-        snprintf(err, errlen, "file %u has size 0 (empty files are created by the session layer)", id);
+        snprintf(err, errlen, "file %u has size 0 (empty files are created by the session layer)",
+                 id);
         return -1;
     }
     if (fd < 0) {
@@ -304,8 +305,7 @@ int amdt_receiver_remove_file(amdt_receiver *r, uint32_t id)
     return 0;
 }
 
-int amdt_receiver_missing(amdt_receiver *r, uint32_t id, uint64_t **out, size_t *n,
-                          uint64_t *size)
+int amdt_receiver_missing(amdt_receiver *r, uint32_t id, uint64_t **out, size_t *n, uint64_t *size)
 {
     int rc = 0;
     *out = NULL;
@@ -366,9 +366,8 @@ static void *amdt_accept_main(void *arg)
         if (idx < 0) {
             int e = idx == -2 ? errno : 0;
             __atomic_fetch_add(&r->connections_rejected, 1, __ATOMIC_RELAXED);
-            amdt_event_push(&r->events, AMDT_EV_CONN_REJECTED, 0, 0, 0, e,
-                            "%s from %s", idx == -2 ? "cannot start a thread" : "too many connections",
-                            c->peer);
+            amdt_event_push(&r->events, AMDT_EV_CONN_REJECTED, 0, 0, 0, e, "%s from %s",
+                            idx == -2 ? "cannot start a thread" : "too many connections", c->peer);
             close(fd);
             free(c);
         }
@@ -498,8 +497,8 @@ static void amdt_conn_body(amdt_worker *w)
     if (amdt_recv_full(r, &link, hello, sizeof(hello), deadline, 0, NULL, &err, NULL) != 0) {
         if (err != ECANCELED) {
             __atomic_fetch_add(&r->connections_rejected, 1, __ATOMIC_RELAXED);
-            amdt_event_push(&r->events, AMDT_EV_CONN_REJECTED, 0, 0, 0, err,
-                            "no hello from %s: %s", c->peer,
+            amdt_event_push(&r->events, AMDT_EV_CONN_REJECTED, 0, 0, 0, err, "no hello from %s: %s",
+                            c->peer,
                             err ? amdt_strerror(err, ebuf, sizeof(ebuf)) : "connection closed");
         }
         goto out;
@@ -627,7 +626,8 @@ static void amdt_writer_body(amdt_worker *w)
             goto next;
         }
         uint64_t idx = off / r->chunk_size;
-        if (off >= f->size || len != (f->size - off < r->chunk_size ? f->size - off : r->chunk_size)) {
+        if (off >= f->size ||
+            len != (f->size - off < r->chunk_size ? f->size - off : r->chunk_size)) {
             /* The id was removed and added again with another size since the frame came. */
             pthread_mutex_unlock(&r->mu);
             __atomic_fetch_add(&r->chunks_orphaned, 1, __ATOMIC_RELAXED);
