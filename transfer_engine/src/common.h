@@ -2,7 +2,7 @@
  * Shared helpers of the AutoMDT transfer engine: debug logging, clocks, timed waits,
  * little-endian encoding, a u32 -> pointer map and the event queue.
  *
- * Nothing here (or anywhere under src/ except module.c) includes Python.h: worker threads
+ * Nothing here (or anywhere under src/ except module.c and py_*.c) includes Python.h: worker threads
  * never touch Python objects.
  *
  * Locking rule of the whole engine: no function ever holds two engine mutexes at once,
@@ -27,6 +27,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "constants.h"
+
 /* ---- debug ------------------------------------------------------------------------- */
 
 extern int amdt_debug_enabled;
@@ -45,7 +47,6 @@ void amdt_debug_impl(const char *file, int line, const char *fmt, ...)
 /* ---- time -------------------------------------------------------------------------- */
 
 #define AMDT_NS_PER_S 1000000000ULL
-#define AMDT_WAIT_MS 100 /* every wait is timed and re-checks the stop flag */
 
 uint64_t amdt_now_ns(void); /* CLOCK_MONOTONIC */
 
@@ -127,7 +128,6 @@ typedef enum amdt_event_kind {
 } amdt_event_kind;
 
 #define AMDT_EVENT_MSG 200
-#define AMDT_EVENTS_MAX 65536 /* beyond this, connection events are only counted */
 
 typedef struct amdt_event {
     int kind;

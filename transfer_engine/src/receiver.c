@@ -55,9 +55,9 @@ amdt_receiver *amdt_receiver_new(const amdt_receiver_cfg *cfg, char *err, size_t
     int have_mu = 0, have_cv = 0, have_map = 0, have_pool = 0, have_recv = 0, have_write = 0;
     int have_events = 0;
 
-    if (cfg->chunk_size == 0 || cfg->chunk_size > (1u << 30)) {
-        snprintf(err, errlen, "chunk_size must be in 1..2**30, got %llu",
-                 (unsigned long long)cfg->chunk_size);
+    if (cfg->chunk_size < AMDT_CHUNK_SIZE_MIN || cfg->chunk_size > AMDT_CHUNK_SIZE_MAX) {
+        snprintf(err, errlen, "chunk_size must be in %d..%d, got %llu", AMDT_CHUNK_SIZE_MIN,
+                 AMDT_CHUNK_SIZE_MAX, (unsigned long long)cfg->chunk_size);
         goto error;
     }
     if (cfg->memory_bytes < cfg->chunk_size) {
@@ -65,8 +65,9 @@ amdt_receiver *amdt_receiver_new(const amdt_receiver_cfg *cfg, char *err, size_t
                  (unsigned long long)cfg->memory_bytes, (unsigned long long)cfg->chunk_size);
         goto error;
     }
-    if (cfg->max_threads < 1 || cfg->max_threads > 4096) {
-        snprintf(err, errlen, "max_threads must be in 1..4096, got %d", cfg->max_threads);
+    if (cfg->max_threads < 1 || cfg->max_threads > AMDT_MAX_THREADS) {
+        snprintf(err, errlen, "max_threads must be in 1..%d, got %d", AMDT_MAX_THREADS,
+                 cfg->max_threads);
         goto error;
     }
 
@@ -663,11 +664,7 @@ static void amdt_writer_body(amdt_worker *w)
         }
         if (err == 0 && jfd >= 0) {
             uint8_t rec[AMDT_JOURNAL_REC_LEN];
-            memcpy(rec, AMDT_JOURNAL_MAGIC, 4);
-            amdt_put_le32(rec + 4, len);
-            amdt_put_le64(rec + 8, off);
-            amdt_put_le64(rec + 16, payload_hash);
-            amdt_put_le64(rec + 24, amdt_hash64(rec, 24));
+            amdt_journal_encode(rec, len, off, payload_hash);
             what = "journal write";
             ssize_t n;
             do {

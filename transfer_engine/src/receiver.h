@@ -51,7 +51,7 @@ typedef struct amdt_receiver_cfg {
 typedef struct amdt_receiver {
     int stop; /* atomic: amdt_stopping() / amdt_set_stop() */
     int closed;
-    uint8_t token[32];
+    uint8_t token[AMDT_TOKEN_LEN];
     amdt_tls *tls; /* NULL: plain connections */
     uint64_t chunk_size;
     int lsock;

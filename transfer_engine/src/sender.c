@@ -43,9 +43,9 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
     int have_mu = 0, have_cv = 0, have_map = 0, have_pool = 0, have_read = 0, have_net = 0;
     int have_events = 0;
 
-    if (cfg->chunk_size == 0 || cfg->chunk_size > (1u << 30)) {
-        snprintf(err, errlen, "chunk_size must be in 1..2**30, got %llu",
-                 (unsigned long long)cfg->chunk_size);
+    if (cfg->chunk_size < AMDT_CHUNK_SIZE_MIN || cfg->chunk_size > AMDT_CHUNK_SIZE_MAX) {
+        snprintf(err, errlen, "chunk_size must be in %d..%d, got %llu", AMDT_CHUNK_SIZE_MIN,
+                 AMDT_CHUNK_SIZE_MAX, (unsigned long long)cfg->chunk_size);
         goto error;
     }
     if (cfg->memory_bytes < cfg->chunk_size) {
@@ -53,8 +53,9 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
                  (unsigned long long)cfg->memory_bytes, (unsigned long long)cfg->chunk_size);
         goto error;
     }
-    if (cfg->max_threads < 1 || cfg->max_threads > 4096) {
-        snprintf(err, errlen, "max_threads must be in 1..4096, got %d", cfg->max_threads);
+    if (cfg->max_threads < 1 || cfg->max_threads > AMDT_MAX_THREADS) {
+        snprintf(err, errlen, "max_threads must be in 1..%d, got %d", AMDT_MAX_THREADS,
+                 cfg->max_threads);
         goto error;
     }
     if (strlen(cfg->host) >= sizeof(s->host)) {

@@ -77,7 +77,7 @@ typedef struct amdt_sender {
     int port;
     struct sockaddr_storage addr;
     socklen_t addrlen;
-    uint8_t token[32];
+    uint8_t token[AMDT_TOKEN_LEN];
     uint64_t chunk_size;
     int sndbuf;
     amdt_tls *tls; /* NULL: plain connections */
