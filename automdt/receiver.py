@@ -29,11 +29,11 @@ import zmq
 from automdt import errors, journal, protocol
 from automdt.manifest import file_digest
 from automdt.paths import SCRATCH_PREFIX, SafeRoot, UnsafePath, check_relpath, temp_names
+from automdt.transfer_engine import SESSION_CHUNK_SIZE_MAX, SESSION_CHUNK_SIZE_MIN
 
 log = logging.getLogger(__name__)
 
-MIN_CHUNK = 4 << 10
-MAX_CHUNK = 64 << 20
+MIN_CHUNK, MAX_CHUNK = SESSION_CHUNK_SIZE_MIN, SESSION_CHUNK_SIZE_MAX
 MAX_ACTIVE_FILES = 4096
 
 
