@@ -8,7 +8,7 @@
  * Locking rule of the whole engine: no function ever holds two engine mutexes at once,
  * and no mutex is held across a blocking system call (open, pread, pwrite, send, recv,
  * connect, accept, sleeps). Python-facing calls therefore only wait a few microseconds
- * for a lock, which is why most of them keep the GIL (see module.c).
+ * for a lock, which is why most of them keep the GIL (see py_common.h).
  */
 #ifndef AMDT_COMMON_H
 #define AMDT_COMMON_H

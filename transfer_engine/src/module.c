@@ -72,7 +72,7 @@ static PyMethodDef amdt_module_methods[] = {
 };
 
 /* constants.h as module constants, for engine.py, automdt's CLI, receiver and journal, and
- * the tests. Names are the macros' without AMDT_ (the frame and record lengths spelled out). */
+ * the tests. Names are the macros' without AMDT_, with HDR and REC spelled out. */
 static const struct {
     const char *name;
     long value;
