@@ -1,7 +1,8 @@
 """The ``automdt`` command line.
 
-Heavy modules (torch, stable-baselines3, the engine) are imported inside the commands that need
-them, so ``automdt transfer`` with a non-PPO policy never imports torch. User errors print one
+Heavy modules (torch, stable-baselines3) are imported inside the commands that need them, so
+``automdt transfer`` with a non-PPO policy never imports torch; the engine package (a few ms) is
+imported at once for its limits (the chunk-size range). User errors print one
 line ``automdt: ...`` on stderr and exit with a documented code (``automdt exit-codes``). Every
 option's value and every output path is checked before any work starts
 (:mod:`automdt.cli_args`); SIGINT/SIGTERM stop a command cleanly with exit 130/143, however many
@@ -19,12 +20,13 @@ from typing import List, Optional
 
 from automdt import __version__, cli_args as A, errors, interrupts
 from automdt.errors import AutomdtError, Interrupted
+from automdt.transfer_engine import SESSION_CHUNK_SIZE_MAX, SESSION_CHUNK_SIZE_MIN
 
 log = logging.getLogger("automdt")
 
 EPILOG_EXIT = "Exit codes: see `automdt exit-codes`. Sizes: 4M = 4,000,000 bytes, 4Mi = 4,194,304 bytes."
 MAX_THREADS_LIMIT = 1024
-MIN_CHUNK, MAX_CHUNK = 4 << 10, 64 << 20
+MIN_CHUNK, MAX_CHUNK = SESSION_CHUNK_SIZE_MIN, SESSION_CHUNK_SIZE_MAX
 FILE_ONLY = {"file_only": True}
 """``extra=`` of a log record that goes to --log-file only (stderr gets the same text another way)."""
 QUIET_CODES = (errors.OK, errors.MAX_DURATION, errors.LOCK_BUSY)
@@ -45,7 +47,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", metavar="BYTES", default="256Mi", type=A.size(MIN_CHUNK, what="memory"),
                    help="memory cap of each staging buffer, e.g. 512Mi or 1G (default 256Mi)")
     p.add_argument("--chunk-size", metavar="BYTES", default="4Mi", type=A.size(MIN_CHUNK, MAX_CHUNK, "chunk size"),
-                   help="chunk size, 4Ki..64Mi (default 4Mi)")
+                   help=f"chunk size, {MIN_CHUNK >> 10}Ki..{MAX_CHUNK >> 20}Mi (default 4Mi)")
     p.add_argument("--throttle", metavar="SPEC", default="",
                    help="emulated bottlenecks: comma list of read.thread=, net.thread=, write.thread=, "
                         "read.total=, net.total=, write.total= in bytes/s with K/M/G (powers of 1000); "
@@ -148,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shared secret of the receiver (as for transfer)")
     v.add_argument("--encrypt", action="store_true", help="encrypted control channel (for a receiver with --encrypt)")
     v.add_argument("--chunk-size", metavar="BYTES", default="4Mi", type=A.size(MIN_CHUNK, MAX_CHUNK, "chunk size"),
-                   help="chunk size the digests are built from, 4Ki..64Mi (default 4Mi; any value works, "
+                   help=f"chunk size the digests are built from, {MIN_CHUNK >> 10}Ki..{MAX_CHUNK >> 20}Mi "
+                        "(default 4Mi; any value works, "
                         "both ends use the same)")
     v.add_argument("--timeout", type=A.seconds(1.0, lo_open=False, hi=86400), default=30.0, metavar="SECONDS",
                    help="control-channel reply timeout, at least 1 (default 30)")

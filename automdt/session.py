@@ -27,11 +27,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from automdt import errors, journal, protocol
 from automdt.partial import PartialFile, missing_ranges, need_transfer
 from automdt.paths import SCRATCH_PREFIX, SafeRoot, UnsafePath, check_relpath
+from automdt.transfer_engine import SESSION_CHUNK_SIZE_MAX, SESSION_CHUNK_SIZE_MIN
 
 log = logging.getLogger("automdt.receiver")  # the daemon's one log (the name operators filter on)
 
-MIN_CHUNK = 4 << 10
-MAX_CHUNK = 64 << 20
+MIN_CHUNK, MAX_CHUNK = SESSION_CHUNK_SIZE_MIN, SESSION_CHUNK_SIZE_MAX
 MAX_ACTIVE_FILES = 4096
 
 HANDSHAKE_STATES = ("new", "challenged")

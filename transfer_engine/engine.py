@@ -30,14 +30,36 @@ __all__ = [
     "StageStats",
     "TOKEN_LEN",
     "TLS_KEY_LEN",
+    "CHUNK_SIZE_MIN",
     "CHUNK_SIZE_MAX",
+    "MAX_THREADS",
+    "SESSION_CHUNK_SIZE_MIN",
+    "SESSION_CHUNK_SIZE_MAX",
+    "JOURNAL_MAGIC",
+    "JOURNAL_RECORD_CHECK",
+    "JOURNAL_RECORD_FORMAT",
+    "JOURNAL_RECORD_LEN",
     "frame_hash",
     "trim_cache",
 ]
 
+# Limits and layouts of the C engine (transfer_engine/src/constants.h), read from it so that
+# no number is written twice.
 TOKEN_LEN: int = _engine.TOKEN_LEN
 TLS_KEY_LEN: int = _engine.TLS_KEY_LEN
+CHUNK_SIZE_MIN: int = _engine.CHUNK_SIZE_MIN
 CHUNK_SIZE_MAX: int = _engine.CHUNK_SIZE_MAX
+MAX_THREADS: int = _engine.MAX_THREADS
+"""Upper bound of ``max_threads`` (threads of one stage)."""
+SESSION_CHUNK_SIZE_MIN: int = _engine.SESSION_CHUNK_SIZE_MIN
+SESSION_CHUNK_SIZE_MAX: int = _engine.SESSION_CHUNK_SIZE_MAX
+"""The chunk sizes automdt's CLI and control protocol accept (a subset of the engine's range)."""
+JOURNAL_MAGIC: bytes = _engine.JOURNAL_MAGIC
+JOURNAL_RECORD_FORMAT: str = _engine.JOURNAL_RECORD_FORMAT
+"""A journal record in :mod:`struct` notation: magic, length, offset, hash, check."""
+JOURNAL_RECORD_LEN: int = _engine.JOURNAL_RECORD_LEN
+JOURNAL_RECORD_CHECK: int = _engine.JOURNAL_RECORD_CHECK
+"""Offset of the record's check field: the check is XXH3-64 of the bytes before it."""
 _NS = 1e-9
 _M64 = (1 << 64) - 1
 _E = TypeVar("_E", bound="_Engine")
@@ -235,13 +257,13 @@ def _check_key(key: Optional[bytes]) -> Optional[bytes]:
 def _check_common(token: bytes, chunk_size: int, memory_bytes: int, max_threads: int) -> None:
     if not isinstance(token, (bytes, bytearray)) or len(token) != TOKEN_LEN:
         raise ValueError(f"token must be {TOKEN_LEN} bytes (e.g. os.urandom({TOKEN_LEN}))")
-    _check_int("chunk_size", chunk_size, 1, CHUNK_SIZE_MAX)
+    _check_int("chunk_size", chunk_size, CHUNK_SIZE_MIN, CHUNK_SIZE_MAX)
     _check_int("memory_bytes", memory_bytes, 1)
     if memory_bytes < chunk_size:
         raise ValueError(
             f"memory_bytes ({memory_bytes}) must hold at least one chunk of {chunk_size} bytes"
         )
-    _check_int("max_threads", max_threads, 1, 4096)
+    _check_int("max_threads", max_threads, 1, MAX_THREADS)
 
 
 class _Engine:
