@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.automdt-installed
 SYSPKG := libxxhash-dev libssl-dev
 
-.PHONY: setup demo test test-all bench build clean
+.PHONY: setup demo lint test test-all bench build clean
 
 setup: $(STAMP)
 
@@ -27,7 +27,17 @@ build: setup
 demo: setup
 	$(VENV)/bin/automdt demo
 
-test: setup
+# The house rules (pyproject.toml): ruff, then mypy and import-linter on a link tree of the
+# installed layout (scripts/lint_tree.py). Seconds once mypy's cache in build/ is warm.
+LINT_TREE := build/lint-tree
+
+lint: setup
+	$(PY) -m ruff check --quiet .
+	@$(PY) scripts/lint_tree.py $(LINT_TREE) >/dev/null
+	cd $(LINT_TREE) && ../../$(PY) -m mypy --config-file ../../pyproject.toml --cache-dir ../mypy-cache -p automdt
+	cd $(LINT_TREE) && PYTHONPATH=. ../../$(VENV)/bin/lint-imports --config ../../pyproject.toml --no-cache --no-logo
+
+test: setup lint
 	$(PY) -m pytest -q
 
 test-all: setup

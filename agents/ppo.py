@@ -71,8 +71,8 @@ __all__ = [
     "sha256_file",
     "POLICY_FORMAT",
     "FEATURES",
-    "add_features",
-    "FeatureState",
+    "add_features",  # noqa: F822  (served by the module __getattr__ above)
+    "FeatureState",  # noqa: F822
 ]
 
 POLICY_FORMAT = "automdt-ppo/1"
@@ -137,7 +137,7 @@ def policy_metadata(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     """Read the metadata sidecar ``<path>.json`` of a policy file (no checks beyond JSON)."""
     meta_path = _sidecar(path)
     try:
-        with open(meta_path, "r", encoding="utf-8") as f:
+        with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
     except FileNotFoundError:
         raise _not_a_policy(path, f"no metadata file {meta_path.name} next to it; a policy is two files that "

@@ -400,7 +400,7 @@ def _with_history(args, run_transfer):
         if opts.policy is not None:
             opts.history = rec
         summary = run_transfer(args.src, args.dest, opts)
-        name = getattr(opts.policy, "name", None) or "static:%d,%d,%d" % tuple(opts.threads)
+        name = getattr(opts.policy, "name", None) or "static:" + ",".join(str(int(n)) for n in opts.threads)
         failed = history.update(path, summary.history, previous=rec, policy=name, max_threads=opts.max_threads,
                                 job=key, src=os.path.abspath(args.src), dest=args.dest)
         if failed and not warning:  # one line per run: an unreadable file is usually unwritable too

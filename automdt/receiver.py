@@ -183,7 +183,7 @@ class Session:
         try:
             self.base = check_relpath(subdir) if subdir else ()
         except UnsafePath as e:
-            raise SessionError(f"destination subdirectory refused: {e}", errors.USAGE)
+            raise SessionError(f"destination subdirectory refused: {e}", errors.USAGE) from e
         self.scratch = msg.get("scratch") is True
         if self.scratch and not (self.base and self.base[-1].startswith(SCRATCH_PREFIX)):
             raise SessionError(f"a scratch subdirectory must be named {SCRATCH_PREFIX}*", errors.USAGE)
@@ -204,7 +204,7 @@ class Session:
             if not self.dry_run:
                 raise
         except UnsafePath as e:
-            raise SessionError(str(e), errors.FILES_FAILED)
+            raise SessionError(str(e), errors.FILES_FAILED) from e
         wt = msg.get("write_throttle") or [0, 0]
         key = protocol.data_key(srv.secret, self.server_nonce, self.client_nonce) if encrypt else None
         self.engine = Receiver(srv.host, 0, self.token, chunk, memory, max_threads=srv.max_threads,
@@ -228,7 +228,7 @@ class Session:
                 if not self.dry_run:
                     root.dir_fd(self.base + parts, create=True)
             except UnsafePath as e:
-                raise SessionError(f"refused: {e}", errors.FILES_FAILED)
+                raise SessionError(f"refused: {e}", errors.FILES_FAILED) from e
         entries = msg.get("files", [])
         if len(self.files) + len(entries) > self.server.max_files:
             raise SessionError(f"manifest over the receiver's limit of {self.server.max_files} files", errors.USAGE)
@@ -237,9 +237,9 @@ class Session:
                 parts = check_relpath(e.get("path"))
                 fid, size, mtime, mode = int(e["id"]), int(e["size"]), int(e["mtime_ns"]), int(e.get("mode", 0o644))
             except UnsafePath as ex:
-                raise SessionError(f"refused: {ex}", errors.FILES_FAILED)
+                raise SessionError(f"refused: {ex}", errors.FILES_FAILED) from ex
             except (KeyError, TypeError, ValueError):
-                raise SessionError(f"malformed manifest entry {str(e)[:80]}", errors.USAGE)
+                raise SessionError(f"malformed manifest entry {str(e)[:80]}", errors.USAGE) from None
             if size < 0 or fid < 0 or fid >= 2**32 or fid in self.files:
                 raise SessionError(f"malformed manifest entry {str(e)[:80]}", errors.USAGE)
             f = _File(fid, e["path"], self.base + parts, size, mtime, mode & 0o777,
@@ -254,7 +254,7 @@ class Session:
                 action = "fail"
                 self._file_error([fid, code, f"{f.path}: {ex.strerror}"])
                 if code == errors.FATAL:
-                    raise SessionError(f"{f.path}: {ex.strerror}", code)
+                    raise SessionError(f"{f.path}: {ex.strerror}", code) from ex
             if action == "send" and not self.dry_run:
                 self.files[fid] = f
                 self.bytes_needed += size - self._partial_bytes(f)

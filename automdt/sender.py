@@ -164,7 +164,7 @@ class _StaticPolicy:
 
     def __init__(self, triple):
         self.triple = tuple(triple)
-        self.name = "static:%d,%d,%d" % self.triple
+        self.name = "static:" + ",".join(str(int(n)) for n in self.triple)
 
     def reset(self, max_threads, seed=None):
         return self.triple
@@ -250,7 +250,7 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
     summary.bytes, summary.chunks_resent, summary.attempts = moved, resent, attempt + 1
     summary.seconds = time.monotonic() - t0
     if opts.shard is not None:
-        summary.shard = "%d/%d" % opts.shard
+        summary.shard = f"{int(opts.shard[0])}/{int(opts.shard[1])}"
     return summary
 
 
@@ -529,7 +529,7 @@ class _Transfer:
             self.fail(errors.FILES_FAILED, f"verify: {len(unreadable)} entries could not be read ({unreadable[0]}...)")
 
     def _take_errors(self, errs) -> None:
-        for fid, code, msg in errs or []:
+        for _fid, code, msg in errs or []:
             self.fail(int(code), msg)
 
     # ----------------------------------------------------------------- the loop
@@ -748,7 +748,7 @@ def source_error_code(err: int) -> int:
 def _scan_errors(manifest: Manifest, summary: Summary) -> List[int]:
     """Put what the scan could not read into ``summary`` (count and errors); return their codes."""
     summary.entries_unreadable = len(manifest.unreadable)
-    for path, why, code in manifest.unreadable[:100]:
+    for path, why, _code in manifest.unreadable[:100]:
         summary.errors.append(f"{path}: {why}")
     if len(manifest.unreadable) > 100:
         summary.errors.append(f"... and {len(manifest.unreadable) - 100} more unreadable source entries")

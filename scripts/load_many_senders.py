@@ -40,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 PY = sys.executable
 MiB = 1 << 20

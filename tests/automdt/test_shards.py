@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from automdt import errors
 from automdt.lock import JobLock, default_lock_path, job_key
 from automdt.manifest import FileEntry, parse_shard, scan, shard_manifest, shard_of
-from tests.util import run_cli, trees_identical, write_file
+from tests.util import run_cli, trees_identical
 
 
 def _entries(sizes):
