@@ -94,12 +94,13 @@ ACTIVATIONS = ("Tanh", "ReLU", "ELU", "LeakyReLU")
 def _np_activation(name: str) -> Callable[[Any], Any]:
     import numpy as np
 
-    return {
+    activations: Dict[str, Callable[[Any], Any]] = {
         "Tanh": np.tanh,
         "ReLU": lambda x: np.maximum(x, np.float32(0.0)),
         "ELU": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))).astype(np.float32),
         "LeakyReLU": lambda x: np.where(x > 0, x, np.float32(0.01) * x).astype(np.float32),
-    }[name]
+    }
+    return activations[name]
 
 _HIDDEN = "mlp_extractor.policy_net."
 _ACTION = "action_net."
@@ -126,7 +127,7 @@ def default_policy_path() -> Path:
     turns the package into a namespace package.
     """
     res = resources.files("automdt").joinpath("data").joinpath("default_policy.zip")
-    return Path(os.fspath(res))  # type: ignore[arg-type]  # the package is installed as files
+    return Path(os.fspath(res))  # type: ignore[call-overload]  # the package is installed as files
 
 
 def _sidecar(path: Union[str, os.PathLike]) -> Path:

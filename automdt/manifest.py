@@ -225,7 +225,7 @@ def shard_manifest(manifest: Manifest, index: int, count: int) -> Manifest:
     if count == 1:
         return manifest
     which = shard_of(manifest.files, count)
-    files = []
+    files: List[FileEntry] = []
     for f, s in zip(manifest.files, which):
         if s == index:
             f.id = len(files)
