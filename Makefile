@@ -40,7 +40,7 @@ lint: setup
 test: setup lint
 	$(PY) -m pytest -q
 
-test-all: setup
+test-all: setup lint
 	$(PY) -m pytest -q -m ""
 
 bench: setup
