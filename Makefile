@@ -28,14 +28,19 @@ demo: setup
 	$(VENV)/bin/automdt demo
 
 # The house rules (pyproject.toml): ruff, then mypy and import-linter on a link tree of the
-# installed layout (scripts/lint_tree.py). Seconds once mypy's cache in build/ is warm.
+# installed layout (scripts/lint_tree.py). All three run; any finding fails the target.
+# Seconds once mypy's cache in build/ is warm.
 LINT_TREE := build/lint-tree
 
 lint: setup
-	$(PY) -m ruff check --quiet .
 	@$(PY) scripts/lint_tree.py $(LINT_TREE) >/dev/null
-	cd $(LINT_TREE) && ../../$(PY) -m mypy --config-file ../../pyproject.toml --cache-dir ../mypy-cache -p automdt
-	cd $(LINT_TREE) && PYTHONPATH=. ../../$(VENV)/bin/lint-imports --config ../../pyproject.toml --no-cache --no-logo
+	@rc=0; \
+	echo "ruff check ."; $(PY) -m ruff check --quiet . || rc=1; \
+	echo "mypy -p automdt"; (cd $(LINT_TREE) && ../../$(PY) -m mypy --config-file ../../pyproject.toml \
+	  --cache-dir ../mypy-cache -p automdt) || rc=1; \
+	echo "lint-imports"; (cd $(LINT_TREE) && PYTHONPATH=. ../../$(VENV)/bin/lint-imports \
+	  --config ../../pyproject.toml --no-cache --no-logo) || rc=1; \
+	exit $$rc
 
 test: setup lint
 	$(PY) -m pytest -q
