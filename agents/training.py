@@ -380,8 +380,7 @@ def train(
     if target_fraction is not None and not 0.0 < target_fraction <= 1.5:
         raise ValueError(f"target_fraction is a fraction of the oracle's utility (e.g. 0.95), got {target_fraction}")
     rollout = cfg.num_envs * cfg.n_steps
-    if eval_every is None:
-        eval_every = rollout * (12 if random_profiles else 4)
+    every = eval_every if eval_every is not None else rollout * (12 if random_profiles else 4)
     if eval_profiles is None:
         if random_profiles:
             eval_profiles = held_out_random_profiles(n_eval_profiles, profile.max_threads, profile.interval_s)
@@ -490,7 +489,7 @@ def train(
             state.update(best=res["mean"], best_state=copy.deepcopy(model.policy.state_dict()),
                          best_ts=num_timesteps, best_eval=res)
         log.info("eval at %d steps: %.3f of the oracle (min %.3f)", num_timesteps, res["mean"], res["min"])
-        if prog is not None:
+        if prog is not None and task is not None:
             prog.update(task, completed=min(num_timesteps, timesteps),
                         status=f"oracle fraction {res['mean']:.3f} (best {state['best']:.3f})")
         if target_fraction is not None and res["mean"] >= target_fraction:
@@ -501,7 +500,7 @@ def train(
     class _Callback(BaseCallback):
         def __init__(self) -> None:
             super().__init__()
-            self.next_eval = eval_every
+            self.next_eval = every
             self.rewards: List[float] = []
 
         def _on_training_start(self) -> None:
@@ -512,7 +511,7 @@ def train(
                 return False
             self.rewards.append(float(np.mean(self.locals["rewards"])))
             if self.num_timesteps >= self.next_eval:
-                self.next_eval += eval_every
+                self.next_eval += every
                 if do_eval(self.num_timesteps, self.rewards):
                     return False
                 self.rewards = []
@@ -524,7 +523,7 @@ def train(
         def _on_rollout_end(self) -> None:
             if cfg.anneal:  # read by the PPO update that follows this rollout
                 self.model.ent_coef = cfg.ent_coef * max(0.0, 1.0 - self.num_timesteps / timesteps)
-            if prog is not None:
+            if prog is not None and task is not None:
                 prog.update(task, completed=min(self.num_timesteps, timesteps))
 
     cb = _Callback()

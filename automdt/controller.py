@@ -52,7 +52,7 @@ class Controller:
         self.threads: Triple = (1, 1, 1)
         self.t0 = time.monotonic()
         self._last_t = self.t0
-        self._last: Optional[Tuple[int, int, int]] = None
+        self._last: Optional[Tuple[float, float, float]] = None
         self._last_busy: Optional[Tuple[float, ...]] = None
         self._last_tcp: Tuple[int, int] = (0, 0)
         self._cpu = (time.process_time(), time.monotonic())
@@ -112,7 +112,7 @@ class Controller:
         net_b = _stage(sender_stats, "net")["bytes"]
         write_b = receiver_stats["write"]["bytes"] if receiver_stats else 0
         busy = _busy(sender_stats, receiver_stats)
-        if self._last is None:
+        if self._last is None or self._last_busy is None:
             self._last = (read_b, net_b, write_b)
             self._last_busy = busy
             self._last_t = now
@@ -122,7 +122,7 @@ class Controller:
         if dt < (0.05 if final else self.interval_s):
             return None
         moved = (read_b - self._last[0], net_b - self._last[1], write_b - self._last[2])
-        tput = tuple(b / dt for b in moved)
+        tput = (moved[0] / dt, moved[1] / dt, moved[2] / dt)
         d = [b - a for a, b in zip(self._last_busy, busy)]
         self._last, self._last_busy, self._last_t = (read_b, net_b, write_b), busy, now
         if loss is None:

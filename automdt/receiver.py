@@ -91,7 +91,7 @@ class Session:
         self.client_nonce = ""
         self.server_nonce = protocol.nonce()
         self.token = b""
-        self.engine = None
+        self.engine: Any = None
         self.root: Optional[SafeRoot] = None
         self.base: Tuple[str, ...] = ()
         self.chunk_size = 0
@@ -219,6 +219,13 @@ class Session:
         return {"type": "opened", "data_port": self.engine.port, "chunk_size": chunk, "memory": memory,
                 "max_threads": srv.max_threads, "encrypted": encrypt, "runtime_throttle": True}
 
+    @property
+    def dest(self) -> SafeRoot:
+        """The destination root (from ``open`` until the session closes)."""
+        if self.root is None:
+            raise SessionError("the session is not open", errors.USAGE)
+        return self.root
+
     def _manifest(self, msg):
         plan = []
         root = self.root
@@ -227,8 +234,8 @@ class Session:
                 parts = check_relpath(d)
                 if not self.dry_run:
                     root.dir_fd(self.base + parts, create=True)
-            except UnsafePath as e:
-                raise SessionError(f"refused: {e}", errors.FILES_FAILED) from e
+            except UnsafePath as ex:
+                raise SessionError(f"refused: {ex}", errors.FILES_FAILED) from ex
         entries = msg.get("files", [])
         if len(self.files) + len(entries) > self.server.max_files:
             raise SessionError(f"manifest over the receiver's limit of {self.server.max_files} files", errors.USAGE)
@@ -271,7 +278,7 @@ class Session:
     def _partial_bytes(self, f: _File) -> int:
         """Bytes a resumable partial of ``f`` already holds on disk (0 if none)."""
         try:
-            dfd = self.root.dir_fd(f.parts[:-1], create=False)
+            dfd = self.dest.dir_fd(f.parts[:-1], create=False)
             st = os.stat(f.temp_names()[0], dir_fd=dfd, follow_symlinks=False)
         except (OSError, UnsafePath):
             return 0
@@ -280,19 +287,19 @@ class Session:
 
     def _check_space(self) -> None:
         try:
-            st = os.statvfs(self.root.fd)
+            st = os.statvfs(self.dest.fd)
         except OSError:
             return
         free = st.f_bavail * st.f_frsize
         if self.bytes_needed > free * 1.0 + 0:
             need = self.bytes_needed
-            self.root.remove_created()  # no empty tree left behind by a refused transfer
+            self.dest.remove_created()  # no empty tree left behind by a refused transfer
             raise SessionError(f"not enough space: destination {self.server.root} has {free} bytes free, "
                                f"the transfer needs up to {need}", errors.FATAL)
 
     def _plan_file(self, f: _File, digest: Optional[str]) -> str:
         try:
-            dfd = self.root.dir_fd(f.parts[:-1], create=not self.dry_run)
+            dfd = self.dest.dir_fd(f.parts[:-1], create=not self.dry_run)
         except FileNotFoundError:
             return "send"  # dry run: the directory does not exist yet
         name = f.parts[-1]
@@ -362,7 +369,7 @@ class Session:
 
     def _open_partial(self, f: _File) -> List[List[int]]:
         """Open (or resume) the partial file; register it with the engine; return ranges to send."""
-        dfd = self.root.dir_fd(f.parts[:-1])
+        dfd = self.dest.dir_fd(f.parts[:-1])
         tmp, jname = f.temp_names()
         cs = self.chunk_size
         nchunks = (f.size + cs - 1) // cs
@@ -414,7 +421,7 @@ class Session:
 
     def _finalize(self, f: _File) -> None:
         """All chunks written and verified: set metadata, (fsync,) rename into place."""
-        dfd = self.root.dir_fd(f.parts[:-1])
+        dfd = self.dest.dir_fd(f.parts[:-1])
         tmp, jname = f.temp_names()
         os.fchmod(f.data_fd, f.mode)
         os.utime(f.data_fd, ns=(f.mtime_ns, f.mtime_ns))
@@ -486,7 +493,7 @@ class Session:
 
     def _discard_partial(self, f: _File) -> None:
         try:
-            dfd = self.root.dir_fd(f.parts[:-1], create=False)
+            dfd = self.dest.dir_fd(f.parts[:-1], create=False)
         except (OSError, UnsafePath):
             return
         for name in temp_names(f.path):
@@ -564,7 +571,7 @@ class Session:
 
     def _remove_scratch(self) -> None:
         """Remove this session's scratch directory (never following a symlink: ``rmtree`` by fd)."""
-        parent = self.root.dir_fd(self.base[:-1], create=False)
+        parent = self.dest.dir_fd(self.base[:-1], create=False)
         try:
             shutil.rmtree(self.base[-1], dir_fd=parent)
         except FileNotFoundError:
@@ -706,7 +713,7 @@ class ReceiverServer:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        if encrypt:
+        if encrypt and secret is not None:  # (checked above: encryption needs the secret)
             self.sock.curve_publickey, self.sock.curve_secretkey = protocol.curve_server_keys(secret)
             self.sock.curve_server = True
         addr = f"[{host}]" if ":" in host else host

@@ -311,12 +311,12 @@ class _Transfer:
         self.active: Dict[int, float] = {}
         self.pending: Deque[int] = deque()
         self.sweeps: Dict[int, int] = {}
-        self.engine = None
+        self.engine: Any = None
         self.receiver_stats: Dict[str, Any] = {}
         self.write_threads_sent: Optional[int] = None
         self.want_write: Optional[int] = None
-        self.clock = None
-        self.limits = {k: tuple(v) for k, v in (opts.throttle or {}).items()}
+        self.clock: Any = None
+        self.limits: Dict[str, Tuple[float, float]] = {k: (v[0], v[1]) for k, v in (opts.throttle or {}).items()}
         if opts.throttle_schedule is not None:
             from automdt.throttle import ScheduleClock
 
@@ -457,7 +457,7 @@ class _Transfer:
                 and not r.get("runtime_throttle")):
             raise AutomdtError(f"receiver {self.host}:{self.port} cannot change write limits during a run "
                                "(an older version); the throttle schedule limits the write stage", errors.USAGE)
-        self.tls_key = protocol.data_key(self.secret, sn, cn) if self.o.encrypt else None
+        self.tls_key = protocol.data_key(self.secret, sn, cn) if self.o.encrypt and self.secret else None
         self.summary.encrypted = self.o.encrypt
         self.opened = True
         self.data_host, self.data_port = self.host, int(r["data_port"])
@@ -739,7 +739,7 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def source_error_code(err: int) -> int:
+def source_error_code(err: Optional[int]) -> int:
     """Exit code of a source file that failed with ``errno`` ``err`` while being read: a file that
     vanished or changed (0: no system call failed) is 12, one that cannot be read is 6."""
     return errors.SOURCE_CHANGED if err in (0, errno.ENOENT, errno.ESTALE) else errors.FILES_FAILED
