@@ -10,7 +10,7 @@ def test_choice_is_reproducible_and_beats_one_thread():
 
     pol = load_policy("default")
     profiles = cold_start_profiles()
-    cands = [(1, 1, 1), (2, 1, 2), (4, 2, 1), (8, 2, 2), (16, 16, 8)]
+    cands = [(1, 1, 1), (2, 1, 2), (2, 2, 4), (4, 2, 8), (8, 2, 2), (16, 16, 8)]
     a = choose_cold_start(pol, profiles, cands)
     b = choose_cold_start(pol, profiles, cands)
     a["chosen_by"].pop("seconds"), b["chosen_by"].pop("seconds")
