@@ -161,6 +161,7 @@ class ModelBasedPolicy:
         self.concave: List[Optional[Tuple[float, float]]] = [None, None, None]
         self._plan = self._probe_plan()
         self._step = 0
+        assert self._max is not None, "reset() sets max_threads"
         self._current: Triple = clamp_triple(self._plan[0], self._max)
         self._short = [0, 0, 0]
         self._recent: List[Deque[Tuple[int, float]]] = [deque(maxlen=RECENT_SAMPLES) for _ in range(3)]

@@ -74,8 +74,8 @@ __all__ = [
     "sha256_file",
     "POLICY_FORMAT",
     "FEATURES",
-    "add_features",
-    "FeatureState",
+    "add_features",  # noqa: F822  (served by the module __getattr__ above)
+    "FeatureState",  # noqa: F822
 ]
 
 POLICY_FORMAT = "automdt-ppo/1"
@@ -97,12 +97,13 @@ ACTIVATIONS = ("Tanh", "ReLU", "ELU", "LeakyReLU")
 def _np_activation(name: str) -> Callable[[Any], Any]:
     import numpy as np
 
-    return {
+    activations: Dict[str, Callable[[Any], Any]] = {
         "Tanh": np.tanh,
         "ReLU": lambda x: np.maximum(x, np.float32(0.0)),
         "ELU": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))).astype(np.float32),
         "LeakyReLU": lambda x: np.where(x > 0, x, np.float32(0.01) * x).astype(np.float32),
-    }[name]
+    }
+    return activations[name]
 
 _HIDDEN = "mlp_extractor.policy_net."
 _ACTION = "action_net."
@@ -130,7 +131,7 @@ def default_policy_path() -> Path:
     turns the package into a namespace package.
     """
     res = resources.files("automdt").joinpath("data").joinpath("default_policy.zip")
-    return Path(os.fspath(res))  # type: ignore[arg-type]  # the package is installed as files
+    return Path(os.fspath(res))  # type: ignore[call-overload]  # the package is installed as files
 
 
 def _sidecar(path: Union[str, os.PathLike]) -> Path:
@@ -141,7 +142,7 @@ def policy_metadata(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     """Read the metadata sidecar ``<path>.json`` of a policy file (no checks beyond JSON)."""
     meta_path = _sidecar(path)
     try:
-        with open(meta_path, "r", encoding="utf-8") as f:
+        with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
     except FileNotFoundError:
         raise not_a_policy_error(path, f"no metadata file {meta_path.name} next to it; a policy is two files that "

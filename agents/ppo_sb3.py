@@ -121,7 +121,7 @@ def actor_arrays(network: ActorCriticPolicy) -> Dict[str, np.ndarray]:
 
 def _npz_bytes(arrays: Dict[str, np.ndarray]) -> bytes:
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, allow_pickle=False, **arrays)  # numeric arrays only
     return buf.getvalue()
 
 

@@ -398,7 +398,7 @@ def _with_history(args, run_transfer):
             log.warning("%s", warning)
         opts.history = rec  # only policies that take a start use it (automdt.start)
         summary = run_transfer(args.src, args.dest, opts)
-        name = getattr(opts.policy, "name", None) or "static:%d,%d,%d" % tuple(opts.threads)
+        name = getattr(opts.policy, "name", None) or "static:" + ",".join(str(int(n)) for n in opts.threads)
         failed = history.update(path, summary.history, previous=rec, policy=name, max_threads=opts.max_threads,
                                 job=key, src=os.path.abspath(args.src), dest=args.dest)
         if failed and not warning:  # one line per run: an unreadable file is usually unwritable too
@@ -577,8 +577,8 @@ def cmd_verify(args) -> int:
             for line in (d.get("differences") or []) + (d.get("unreadable") or []):
                 _out(line)
             if summary.differences is None:  # it never got to compare: say why
-                for e in summary.errors[:20]:
-                    print(f"automdt: {e}", file=sys.stderr)
+                for err in summary.errors[:20]:
+                    print(f"automdt: {err}", file=sys.stderr)
             _out(f"{d.get('verified', 0)} of {d['files_total']} files identical; exit {d['exit_code']}")
     return summary.exit_code
 
@@ -614,7 +614,7 @@ def cmd_receive(args) -> int:
     stop = threading.Event()
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda *_: stop.set())
-    if metrics is not None:
+    if metrics is not None and metrics_at is not None:
         log.info("metrics on http://%s:%d/metrics", metrics_at[0], metrics_port)
     log.info("receiving into %s on %s:%d", os.path.abspath(args.root), host, server.port)
     try:
@@ -891,8 +891,8 @@ class _Logging:
             h.setLevel(logging.DEBUG if a.debug else logging.INFO)
             self.handlers.append(h)
             self.file_handler = h
-        for h in self.handlers:
-            self.root.addHandler(h)
+        for handler in self.handlers:
+            self.root.addHandler(handler)
         self.root.setLevel(logging.DEBUG if a.debug else logging.INFO)
         return self
 

@@ -133,6 +133,7 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
             else:
                 # the data is already there, or all of it went: copy it again into a scratch
                 # subdirectory the receiver empties first and removes when the session closes
+                assert remote is not None  # a local DEST has its scratch directory
                 target = f"{remote[0] if ':' not in remote[0] else '[' + remote[0] + ']'}:{remote[1]}/" + \
                     "/".join(x for x in (where, f"{SCRATCH}-{rounds}") if x)
                 o = replace(o, scratch=True)

@@ -513,7 +513,7 @@ def probe_mechanism(host: str, port: int, timeout_s: float) -> Optional[str]:
                 if not d:
                     break
                 buf += d
-        except (socket.timeout, ConnectionResetError):
+        except (TimeoutError, ConnectionResetError):
             pass
     if len(buf) < 32 or buf[0] != 0xFF or buf[9] != 0x7F:
         return None

@@ -266,7 +266,7 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
     summary.bytes, summary.chunks_resent, summary.attempts = moved, resent, attempt + 1
     summary.seconds = time.monotonic() - t0
     if opts.shard is not None:
-        summary.shard = "%d/%d" % opts.shard
+        summary.shard = "{}/{}".format(*opts.shard)
     return summary
 
 
@@ -808,7 +808,7 @@ def _entry(f) -> protocol.ManifestEntry:
 def _scan_errors(manifest: Manifest, summary: Summary) -> List[int]:
     """Put what the scan could not read into ``summary`` (count and errors); return their codes."""
     summary.entries_unreadable = len(manifest.unreadable)
-    for path, why, code in manifest.unreadable[:SUMMARY_ERRORS_MAX]:
+    for path, why, _code in manifest.unreadable[:SUMMARY_ERRORS_MAX]:
         summary.errors.append(f"{path}: {why}")
     if len(manifest.unreadable) > SUMMARY_ERRORS_MAX:
         summary.errors.append(f"... and {len(manifest.unreadable) - SUMMARY_ERRORS_MAX} more unreadable source entries")

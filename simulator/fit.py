@@ -450,7 +450,7 @@ def _usl_fit(n: np.ndarray, cap: np.ndarray, base: StageProfile, max_threads: in
     loglin = np.log(lin)
     sse0 = ((y - loglin) ** 2).sum(axis=2)  # (T, B)
     j0 = np.unravel_index(int(np.argmin(sse0)), sse0.shape)
-    best = (np.inf, None)
+    best: tuple[float, tuple[float, float, float, float] | None] = (np.inf, None)
     for sig in CONTENTION_GRID:
         den = np.log(1.0 + sig * (n[None, :] - 1.0) + COHERENCY_GRID[:, None] * n[None, :] * (n[None, :] - 1.0))
         # (K, T, B, m): y - (log lin - log den)

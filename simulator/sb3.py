@@ -78,7 +78,7 @@ class BatchedSimVecEnv(VecEnv):
         seed: Any = None if all(s is None for s in seeds) else list(seeds)
         options = self._options[0] if self._options and self._options[0] else None
         obs, _ = self.sim.reset(seed=seed, options=options)
-        self.reset_infos = [{} for _ in range(self.num_envs)]
+        self.reset_infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         self._reset_seeds()
         self._reset_options()
         return obs
@@ -98,7 +98,7 @@ class BatchedSimVecEnv(VecEnv):
                 out[i][key] = vals[i]
         if dones.any():
             final = infos["final_obs"]
-            for i in np.flatnonzero(dones):
+            for i in np.flatnonzero(dones).tolist():
                 out[i]["terminal_observation"] = final[i]
                 out[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
         return obs, reward.astype(np.float32), dones, out
