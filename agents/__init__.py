@@ -2,7 +2,8 @@
 
 Importing this package never imports torch, stable-baselines3 or gymnasium, and neither does
 ``automdt.agents.ppo`` (numpy inference; loaded lazily by :func:`make_policy` for ``ppo`` specs).
-Only ``automdt.agents.ppo_sb3`` and ``automdt.agents.training`` use torch and SB3. The names
+Only ``automdt.agents.ppo_sb3``, ``automdt.agents.training`` (when it trains) and
+``automdt.agents.callbacks`` use torch and SB3. The names
 below load lazily (PEP 562), so ``automdt.agents.base`` (what the controller needs) costs nothing.
 """
 from __future__ import annotations

@@ -122,8 +122,8 @@ def choose_cold_start(policy: Any, profiles: Optional[Sequence[Tuple[str, Profil
 
     t0 = time.perf_counter()
     profiles = list(profiles if profiles is not None else cold_start_profiles())
-    cands = [tuple(int(x) for x in c) for c in (candidates if candidates is not None
-                                                 else itertools.product(CANDIDATE_COUNTS, repeat=3))]
+    cands = [(int(c[0]), int(c[1]), int(c[2])) for c in (candidates if candidates is not None
+                                                         else itertools.product(CANDIDATE_COUNTS, repeat=3))]
     base = (1, 1, 1)
     if base not in cands:
         cands.insert(0, base)

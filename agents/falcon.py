@@ -25,9 +25,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from automdt.agents.base import clamp_triple
 from automdt.agents.marlin import B_DEFAULT, K_DEFAULT, finite, network_utility
-from automdt.simulator.types import Observation, Triple
+from automdt.policy_contract import Observation, Triple, clamp_triple
 
 SOFT_LIMIT_MARGIN = 10
 """Headroom above the best concurrency seen (``soft_limit = best_cc + 10``)."""
@@ -85,6 +84,12 @@ class FalconPolicy:
         self._max = int(max_threads)
         self._init_state()
         return clamp_triple((self.cc,) * 3, self._max)
+
+    def start_from(self, threads: Triple) -> None:
+        """Start at the network count of ``threads`` (``--threads`` with ``--policy falcon``):
+        Falcon's one concurrency is its number of connections."""
+        limit = self._max if self._max is not None else int(threads[1])
+        self.cc = clamp_triple(threads, limit)[1]
 
     def throughput(self, obs: Observation) -> float:
         t = [finite(x) for x in obs.throughput_bps]

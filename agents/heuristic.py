@@ -38,9 +38,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Optional
 
-from automdt.agents.base import clamp_triple
 from automdt.agents.marlin import K_DEFAULT, finite, throughput_utility
-from automdt.simulator.types import Observation, Triple
+from automdt.policy_contract import Observation, Triple, clamp_triple
 
 DEFAULT_RTT_S = 0.05
 """Round-trip time assumed when none is given (a continental WAN path)."""
@@ -177,6 +176,15 @@ class HeuristicPolicy:
         self.bad_hi: Optional[int] = None  # nearest cc above the best known to be worse
         self.drift = 0
         return self._triple(self.cc)
+
+    def start_from(self, threads: Triple) -> None:
+        """Start the search at the read count of ``threads`` (``--threads`` with ``--policy
+        heuristic``; the heuristic runs ``(cc, cc * parallelism, cc)``). The non-adaptive heuristic
+        keeps its formula's answer (it runs that from the second interval on)."""
+        if not self.adaptive:
+            return
+        limit = self._max if self._max is not None else int(threads[0])
+        self.cc = self.origin = self.best_cc = clamp_triple(threads, limit)[0]
 
     def _start_search(self, u: float, t: float) -> None:
         self.phase, self.direction, self.origin = "expand", +1, self.cc

@@ -28,8 +28,7 @@ from typing import Deque, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from automdt.agents.base import clamp_triple
-from automdt.simulator.types import Observation, Triple
+from automdt.policy_contract import Observation, Triple, clamp_triple
 
 K_DEFAULT = 1.02
 """Thread-cost base of the utilities (AutoMDT/Marlin/Falcon configs)."""
@@ -218,6 +217,13 @@ class MarlinPolicy:
         for st in self.stages:
             st.reset()
         return clamp_triple(tuple(st.cc for st in self.stages), self._max)
+
+    def start_from(self, threads: Triple) -> None:
+        """Start each stage's optimiser at its count of ``threads`` (``--threads`` with
+        ``--policy marlin``): the first interval's utilities score those counts."""
+        limit = self._max if self._max is not None else max(int(x) for x in threads)
+        for st, n in zip(self.stages, clamp_triple(threads, limit)):
+            st.cc = n
 
     def utilities(self, obs: Observation, threads: Sequence[int]) -> Tuple[float, float, float]:
         """The three stage utilities of ``obs`` for the thread counts ``threads``."""

@@ -48,9 +48,8 @@ from typing import Deque, List, Optional, Tuple
 
 import numpy as np
 
-from automdt.agents.base import clamp_triple
 from automdt.agents.marlin import finite
-from automdt.simulator.types import Observation, Triple
+from automdt.policy_contract import Observation, Triple, clamp_triple
 
 STARVED_FILL = 0.05
 """A buffer at or below this fill at the end of an interval starved its consumer."""
@@ -162,6 +161,7 @@ class ModelBasedPolicy:
         self.concave: List[Optional[Tuple[float, float]]] = [None, None, None]
         self._plan = self._probe_plan()
         self._step = 0
+        assert self._max is not None, "reset() sets max_threads"
         self._current: Triple = clamp_triple(self._plan[0], self._max)
         self._short = [0, 0, 0]
         self._recent: List[Deque[Tuple[int, float]]] = [deque(maxlen=RECENT_SAMPLES) for _ in range(3)]
@@ -171,6 +171,12 @@ class ModelBasedPolicy:
         self._running = 0
         self.solution = None
         self.planned_rate = 0.0
+
+    def start_from(self, threads: Triple) -> None:
+        """The probe plan's first interval runs at ``threads`` (``--threads`` with ``--policy
+        model``): its samples are recorded with those counts, and the plan goes on from there."""
+        limit = self._max if self._max is not None else max(int(x) for x in threads)
+        self._current = clamp_triple(threads, limit)
 
     @property
     def probing(self) -> bool:

@@ -2,7 +2,8 @@
 
 A policy is **two files that travel together**: a stable-baselines3 zip (``model.save``, plus
 an ``automdt_actor.npz`` entry with the actor's weights as plain arrays) and a metadata sidecar
-next to it (``<file>.json``, written by :func:`automdt.agents.training.train`). The shipped
+next to it (``<file>.json``, read by :func:`policy_metadata`, written by :func:`write_policy_metadata`
+from :func:`automdt.agents.training.train`). The shipped
 default policy is ``automdt/data/default_policy.zip``; ``load_policy("ppo")`` (or
 ``"default"``) loads it.
 
@@ -67,12 +68,14 @@ __all__ = [
     "default_policy_path",
     "load_policy",
     "policy_metadata",
+    "write_policy_metadata",
+    "not_a_policy_error",
     "check_policy_file",
     "sha256_file",
     "POLICY_FORMAT",
     "FEATURES",
-    "add_features",
-    "FeatureState",
+    "add_features",  # noqa: F822  (served by the module __getattr__ above)
+    "FeatureState",  # noqa: F822
 ]
 
 POLICY_FORMAT = "automdt-ppo/1"
@@ -94,18 +97,20 @@ ACTIVATIONS = ("Tanh", "ReLU", "ELU", "LeakyReLU")
 def _np_activation(name: str) -> Callable[[Any], Any]:
     import numpy as np
 
-    return {
+    activations: Dict[str, Callable[[Any], Any]] = {
         "Tanh": np.tanh,
         "ReLU": lambda x: np.maximum(x, np.float32(0.0)),
         "ELU": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))).astype(np.float32),
         "LeakyReLU": lambda x: np.where(x > 0, x, np.float32(0.01) * x).astype(np.float32),
-    }[name]
+    }
+    return activations[name]
 
 _HIDDEN = "mlp_extractor.policy_net."
 _ACTION = "action_net."
 
 
-def _not_a_policy(path: Union[str, os.PathLike], why: str) -> ValueError:
+def not_a_policy_error(path: Union[str, os.PathLike], why: str) -> ValueError:
+    """The one-line error of every loading check: ``<path>: not an AutoMDT policy (<why>)``."""
     return ValueError(f"{os.fspath(path)}: not an AutoMDT policy ({why})")
 
 
@@ -126,7 +131,7 @@ def default_policy_path() -> Path:
     turns the package into a namespace package.
     """
     res = resources.files("automdt").joinpath("data").joinpath("default_policy.zip")
-    return Path(os.fspath(res))  # type: ignore[arg-type]  # the package is installed as files
+    return Path(os.fspath(res))  # type: ignore[call-overload]  # the package is installed as files
 
 
 def _sidecar(path: Union[str, os.PathLike]) -> Path:
@@ -137,16 +142,30 @@ def policy_metadata(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     """Read the metadata sidecar ``<path>.json`` of a policy file (no checks beyond JSON)."""
     meta_path = _sidecar(path)
     try:
-        with open(meta_path, "r", encoding="utf-8") as f:
+        with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
     except FileNotFoundError:
-        raise _not_a_policy(path, f"no metadata file {meta_path.name} next to it; a policy is two files that "
+        raise not_a_policy_error(path, f"no metadata file {meta_path.name} next to it; a policy is two files that "
                                   f"travel together: copy {Path(os.fspath(path)).name} and {meta_path.name}") from None
     except (OSError, ValueError) as e:
-        raise _not_a_policy(path, f"unreadable metadata {meta_path.name}: {e}") from None
+        raise not_a_policy_error(path, f"unreadable metadata {meta_path.name}: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != POLICY_FORMAT:
-        raise _not_a_policy(path, f"metadata {meta_path.name} is not format {POLICY_FORMAT!r}")
+        raise not_a_policy_error(path, f"metadata {meta_path.name} is not format {POLICY_FORMAT!r}")
     return meta
+
+
+def write_policy_metadata(path: Union[str, os.PathLike], meta: Mapping[str, Any]) -> Path:
+    """Write the metadata sidecar ``<path>.json`` of a policy file atomically (a temporary file,
+    mode 0644, then a rename): the writer of what :func:`policy_metadata` reads.
+
+    :return: the sidecar's path.
+    """
+    meta_path = _sidecar(path)
+    tmp = meta_path.with_name(meta_path.name + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, meta_path)
+    return meta_path
 
 
 def _check_not_writable_by_others(path: Path) -> None:
@@ -187,37 +206,37 @@ def check_policy_file(path: Union[str, os.PathLike]) -> Tuple[Path, Dict[str, An
     """
     p = Path(os.fspath(path))
     if not p.is_file():
-        raise _not_a_policy(p, "no such file" if not p.exists() else "not a regular file")
+        raise not_a_policy_error(p, "no such file" if not p.exists() else "not a regular file")
     _check_not_writable_by_others(p)
     if not zipfile.is_zipfile(p):
-        raise _not_a_policy(p, "not a zip archive")
+        raise not_a_policy_error(p, "not a zip archive")
     side = _sidecar(p)
     if side.exists():
         if not side.is_file():
-            raise _not_a_policy(p, f"metadata {side.name} is not a regular file")
+            raise not_a_policy_error(p, f"metadata {side.name} is not a regular file")
         _check_not_writable_by_others(side)
     meta = policy_metadata(p)
     digest = sha256_file(p)
     if meta.get("sha256") and meta["sha256"] != digest:
-        raise _not_a_policy(p, f"sha256 {digest[:12]}... does not match its metadata {str(meta['sha256'])[:12]}...")
+        raise not_a_policy_error(p, f"sha256 {digest[:12]}... does not match its metadata {str(meta['sha256'])[:12]}...")
     stack = meta.get("frame_stack", 1)
     if not isinstance(stack, int) or isinstance(stack, bool) or not 1 <= stack <= 64:
-        raise _not_a_policy(p, f"bad frame_stack {stack!r} in its metadata")
+        raise not_a_policy_error(p, f"bad frame_stack {stack!r} in its metadata")
     features = meta.get("features", [])
     if not isinstance(features, list) or any(f not in FEATURES for f in features):
-        raise _not_a_policy(p, f"unknown features {features!r} in its metadata (known: {list(FEATURES)})")
+        raise not_a_policy_error(p, f"unknown features {features!r} in its metadata (known: {list(FEATURES)})")
     max_threads = meta.get("max_threads", 32)
     if not isinstance(max_threads, int) or isinstance(max_threads, bool) or max_threads < 1:
-        raise _not_a_policy(p, f"bad max_threads {max_threads!r} in its metadata")
+        raise not_a_policy_error(p, f"bad max_threads {max_threads!r} in its metadata")
     head = meta.get("action_head", "step")  # files without it were written for the first head
     if head not in ACTION_HEADS:
-        raise _not_a_policy(p, f"unknown action_head {head!r} in its metadata (known: {list(ACTION_HEADS)})")
+        raise not_a_policy_error(p, f"unknown action_head {head!r} in its metadata (known: {list(ACTION_HEADS)})")
     for key, want in zip(("observation_space", "action_space"), space_descriptions(stack, features, head, max_threads)):
         if meta.get(key) != want:
             got, have = _space_summary(meta.get(key)), _space_summary(want)
             if got == have:
                 have += " with other bounds"
-            raise _not_a_policy(p, f"trained for {key} {got}, this simulator has {have}"
+            raise not_a_policy_error(p, f"trained for {key} {got}, this simulator has {have}"
                                 + ("; retrain it with `automdt train`" if key == "observation_space" else ""))
     return p, meta
 
@@ -225,19 +244,19 @@ def check_policy_file(path: Union[str, os.PathLike]) -> Tuple[Path, Dict[str, An
 def hidden_sizes(path: Union[str, os.PathLike], policy_kwargs: Any) -> Tuple[List[int], str]:
     """The actor's hidden layer sizes and activation name recorded in ``policy_kwargs``."""
     if not isinstance(policy_kwargs, Mapping):
-        raise _not_a_policy(path, "metadata has no policy_kwargs")
+        raise not_a_policy_error(path, "metadata has no policy_kwargs")
     allowed = {"net_arch", "activation_fn", "ortho_init", "log_std_init", "share_features_extractor"}
     unknown = set(policy_kwargs) - allowed
     if unknown:
-        raise _not_a_policy(path, f"unsupported policy_kwargs {sorted(unknown)}")
+        raise not_a_policy_error(path, f"unsupported policy_kwargs {sorted(unknown)}")
     act = policy_kwargs.get("activation_fn", "Tanh")
     if act not in ACTIVATIONS:
-        raise _not_a_policy(path, f"unknown activation {act!r}")
+        raise not_a_policy_error(path, f"unknown activation {act!r}")
     arch = policy_kwargs.get("net_arch", [64, 64])
     if isinstance(arch, Mapping):
         arch = arch.get("pi")
     if not isinstance(arch, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in arch):
-        raise _not_a_policy(path, f"bad net_arch {policy_kwargs.get('net_arch')!r} in its policy_kwargs")
+        raise not_a_policy_error(path, f"bad net_arch {policy_kwargs.get('net_arch')!r} in its policy_kwargs")
     return list(arch), str(act)
 
 
@@ -398,14 +417,14 @@ def _read_actor(p: Path, meta: Dict[str, Any]) -> Callable[[], ActorMLP]:
     try:
         with zipfile.ZipFile(p) as zf:
             if WEIGHTS_ENTRY not in zf.namelist():
-                raise _not_a_policy(p, f"zip has no {WEIGHTS_ENTRY} (the numpy weights; a file from an older "
+                raise not_a_policy_error(p, f"zip has no {WEIGHTS_ENTRY} (the numpy weights; a file from an older "
                                        f"automdt?): add them with `python -m automdt.agents.ppo_sb3 {p}`")
             raw = zf.read(WEIGHTS_ENTRY)
         headers = npz_headers(raw)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error) as e:
         if isinstance(e, ValueError) and str(e).startswith(str(p)):
             raise
-        raise _not_a_policy(p, f"unreadable weights: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise not_a_policy_error(p, f"unreadable weights: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     in_dim = meta["observation_space"]["shape"][0]
     try:
         bad = [k for k, (descr, fortran, _) in headers.items() if descr != "<f4" or fortran]
@@ -413,9 +432,9 @@ def _read_actor(p: Path, meta: Dict[str, Any]) -> Callable[[], ActorMLP]:
             raise ValueError(f"array {bad[0]} is not float32")
         _, _, hidden = actor_layout({k: shape for k, (_, _, shape) in headers.items()}, nvec, in_dim)
     except ValueError as e:
-        raise _not_a_policy(p, f"weights do not fit the recorded network: {e}") from None
+        raise not_a_policy_error(p, f"weights do not fit the recorded network: {e}") from None
     if hidden != arch:
-        raise _not_a_policy(p, f"weights do not fit the recorded network: hidden layers {hidden}, net_arch {arch}")
+        raise not_a_policy_error(p, f"weights do not fit the recorded network: hidden layers {hidden}, net_arch {arch}")
 
     def load() -> ActorMLP:
         import numpy as np
@@ -424,7 +443,7 @@ def _read_actor(p: Path, meta: Dict[str, Any]) -> Callable[[], ActorMLP]:
             with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
                 return ActorMLP({k: npz[k] for k in npz.files}, activation, nvec, in_dim=in_dim)
         except ValueError as e:
-            raise _not_a_policy(p, f"weights do not fit the recorded network: {e}") from None
+            raise not_a_policy_error(p, f"weights do not fit the recorded network: {e}") from None
 
     return load
 
@@ -616,21 +635,6 @@ class PPOPolicy:
     def __repr__(self) -> str:
         where = f" {self.path}" if self.path else ""
         return f"<PPOPolicy{where} deterministic={self.deterministic}>"
-
-
-def _simulator_spaces(frame_stack: int = 1, features: Sequence[str] = (), action_head: str = "target",
-                      max_threads: int = 32) -> Any:
-    """The gymnasium spaces of the network (imports gymnasium; see :mod:`automdt.agents.ppo_sb3`)."""
-    from automdt.agents.ppo_sb3 import simulator_spaces
-
-    return simulator_spaces(frame_stack, features, action_head, max_threads)
-
-
-def _space_to_json(space: Any) -> Dict[str, Any]:
-    """JSON description of a gymnasium space (see :mod:`automdt.agents.ppo_sb3`)."""
-    from automdt.agents.ppo_sb3 import space_to_json
-
-    return space_to_json(space)
 
 
 def load_policy(path_or_name: Union[str, os.PathLike], *, deterministic: bool = True) -> PPOPolicy:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import pickle
 import sys
@@ -33,8 +32,8 @@ from gymnasium import spaces
 from stable_baselines3.common.policies import ActorCriticPolicy
 
 from automdt.agents import ppo as ppo_mod
-from automdt.simulator.env import make_action_space, make_observation_space
-from automdt.simulator.pipeline import feature_dim
+from automdt.simulator.env import make_action_space
+from automdt.simulator.sb3 import policy_observation_space
 
 __all__ = ["load_network", "actor_arrays", "write_numpy_weights", "add_numpy_weights", "simulator_spaces",
            "space_to_json"]
@@ -70,14 +69,7 @@ def simulator_spaces(frame_stack: int = 1, features: Sequence[str] = (), action_
     ``frame_stack`` > 1 the observation is that many frames side by side, oldest first (as
     :class:`automdt.simulator.pipeline.FrameStack`).
     """
-    obs = make_observation_space()
-    extra = feature_dim(features)
-    if extra:
-        obs = spaces.Box(low=np.concatenate([obs.low, np.zeros(extra, np.float32)]),
-                         high=np.concatenate([obs.high, np.ones(extra, np.float32)]), dtype=obs.dtype)
-    if frame_stack > 1:
-        obs = spaces.Box(low=np.tile(obs.low, frame_stack), high=np.tile(obs.high, frame_stack), dtype=obs.dtype)
-    return obs, make_action_space(action_head, max_threads)
+    return policy_observation_space(features, frame_stack), make_action_space(action_head, max_threads)
 
 
 def _policy_kwargs(path: Path, raw: Any) -> Dict[str, Any]:
@@ -98,22 +90,22 @@ def load_network(path: Union[str, os.PathLike]) -> ActorCriticPolicy:
         with zipfile.ZipFile(p) as zf:
             names = set(zf.namelist())
             if "data" not in names or "policy.pth" not in names:
-                raise ppo_mod._not_a_policy(p, "zip has no SB3 'data' and 'policy.pth' entries")
+                raise ppo_mod.not_a_policy_error(p, "zip has no SB3 'data' and 'policy.pth' entries")
             with zf.open("policy.pth") as f:
                 state = th.load(f, map_location="cpu", weights_only=True)
     except (zipfile.BadZipFile, pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:
-        raise ppo_mod._not_a_policy(p, f"unreadable weights: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise ppo_mod.not_a_policy_error(p, f"unreadable weights: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     obs_space, act_space = simulator_spaces(meta.get("frame_stack", 1), meta.get("features", []),
                                             meta.get("action_head", "step"), meta.get("max_threads", 32))
     try:
         network = ActorCriticPolicy(obs_space, act_space, lambda _: 0.0, **kwargs)
     except (TypeError, ValueError, AssertionError) as e:
-        raise ppo_mod._not_a_policy(p, f"bad policy_kwargs in its metadata: {e}") from None
+        raise ppo_mod.not_a_policy_error(p, f"bad policy_kwargs in its metadata: {e}") from None
     try:
         network.load_state_dict(state, strict=True)
     except (RuntimeError, TypeError, AttributeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ppo_mod._not_a_policy(p, f"weights do not fit the recorded network: {first}") from None
+        raise ppo_mod.not_a_policy_error(p, f"weights do not fit the recorded network: {first}") from None
     network.set_training_mode(False)
     return network
 
@@ -129,7 +121,7 @@ def actor_arrays(network: ActorCriticPolicy) -> Dict[str, np.ndarray]:
 
 def _npz_bytes(arrays: Dict[str, np.ndarray]) -> bytes:
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, allow_pickle=False, **arrays)  # numeric arrays only
     return buf.getvalue()
 
 
@@ -170,14 +162,10 @@ def add_numpy_weights(path: Union[str, os.PathLike]) -> Path:
     network = load_network(path)
     p = Path(os.fspath(path))
     names = write_numpy_weights(p, network)
-    side = Path(str(p) + ".json")
-    meta = json.loads(side.read_text())
+    meta = ppo_mod.policy_metadata(p)
     meta["numpy_weights"] = numpy_weights_metadata(names)
     meta["sha256"] = ppo_mod.sha256_file(p)
-    tmp = side.with_name(side.name + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, side)
+    ppo_mod.write_policy_metadata(p, meta)
     return p
 
 

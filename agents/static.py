@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from automdt.agents.base import clamp_triple
-from automdt.simulator.types import Observation, Triple
+from automdt.policy_contract import Observation, Triple, clamp_triple
 
 GLOBUS_CONCURRENCY = 4
 """Concurrency of the AutoMDT paper's Globus baseline (``globus-url-copy -cc 4``)."""

@@ -12,18 +12,21 @@ early once ``target_fraction`` is reached, and writes:
 * ``<stem>.curve.csv`` and ``<stem>.curve.png``: the learning curve (timesteps, wall seconds,
   mean reward per step, fraction of the oracle).
 
-Two runs with the same arguments give the same network (the seeding is in one marked block in
-:func:`train`; ``max_seconds`` is the only wall-clock-dependent input). Training uses a fixed
+The pieces: :class:`PPOConfig` (the learner's hyperparameters) and :class:`EnvSettings` (the
+simulated task) configure :func:`make_model` (the seeded SB3 model); the callbacks of
+:mod:`automdt.agents.callbacks` evaluate, keep the best network and stop (target, hook, wall
+time); :func:`training_metadata` describes the result and
+:func:`automdt.agents.ppo.write_policy_metadata` writes it. :func:`train` runs them in order.
+
+Two runs with the same arguments give the same network (everything random is seeded in
+:func:`make_model`; ``max_seconds`` is the only wall-clock-dependent input). Training uses a fixed
 number of torch threads (``PPOConfig.torch_threads``) so that CPU results do not depend on the
-machine's core count.
+machine's core count. This module imports neither torch nor stable-baselines3 until it trains.
 """
 from __future__ import annotations
 
-import copy
 import csv
-import json
 import logging
-import math
 import os
 import platform
 import time
@@ -33,16 +36,32 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from automdt.agents import ppo as ppo_mod
 from automdt.simulator.contract import action_names
 from automdt.simulator.profile import Profile, StageProfile
 
 log = logging.getLogger(__name__)
 
+
+def __getattr__(name: str) -> Any:
+    """``PolicyInputVecEnv``, re-exported from :mod:`automdt.simulator.sb3` (its home) without
+    importing stable-baselines3 up front."""
+    if name == "PolicyInputVecEnv":
+        from automdt.simulator.sb3 import PolicyInputVecEnv
+
+        return PolicyInputVecEnv
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "PPOConfig",
+    "EnvSettings",
     "EvalPoint",
     "TrainReport",
     "train",
+    "make_model",
+    "training_metadata",
+    "eval_policy_metadata",
     "evaluate",
     "held_out_random_profiles",
     "bottleneck_profiles",
@@ -56,6 +75,8 @@ ends training long before)."""
 DEFAULT_TIMESTEPS_RANDOM = 20_000_000
 """Budget of :func:`train` with ``random_profiles`` when ``timesteps`` is None."""
 
+EVAL_SEED = 1_000_003
+"""Seed of the evaluation episodes during training (fixed; they never touch the global generators)."""
 EVAL_PROFILE_SEED = 0x5EED_E7A1
 """Root seed of :func:`held_out_random_profiles` (a stream no training env is seeded from)."""
 
@@ -147,6 +168,50 @@ class PPOConfig:
         import dataclasses
 
         return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """The simulated transfers a policy trains on (the task), apart from :class:`PPOConfig` (the
+    learner). :func:`train` takes these as keyword arguments of the same names and records them in
+    the metadata; evaluation always runs the profiles as they are (no randomisation, no changes).
+    """
+
+    k: float = 1.02
+    """Utility base per thread: of the training reward (unless ``PPOConfig.reward_k``), of every
+    evaluation and of the oracle."""
+    random_profiles: bool = False
+    """A fresh random profile per episode (a general policy); else the training profile's."""
+    randomize: float = 0.1
+    """Relative jitter of TPT and B at each episode (robustness to fit errors)."""
+    random_start: bool = False
+    """Start training episodes from random thread counts and buffer fills instead of (1, 1, 1)
+    and empty buffers (where a transfer, and every evaluation, starts)."""
+    noise: Optional[float] = None
+    """Capacity noise (relative std per interval) of the training environments; ``None``: each
+    (random) profile's own."""
+    changes: Any = None
+    """A :class:`automdt.simulator.changes.ProfileChanges`: training episodes whose profile changes
+    at random steps (a moving bottleneck, a link that halves), so the policy has seen a path change
+    under it; ``None``: every episode keeps its profile."""
+
+    def make_vec_env(self, profile: Profile, config: PPOConfig, seed: int) -> Any:
+        """The SB3 ``VecEnv`` of ``config.num_envs`` batched simulated transfers, seeded (env i gets
+        ``seed + i`` at its first reset), behind the policy's input pipeline
+        (:class:`automdt.simulator.sb3.PolicyInputVecEnv`) when ``config`` adds features or frames."""
+        from automdt.simulator.sb3 import BatchedSimVecEnv, PolicyInputVecEnv
+
+        venv = BatchedSimVecEnv(
+            num_envs=config.num_envs, profile=profile, k=config.reward_k or self.k,
+            episode_steps=config.episode_steps, randomize=self.randomize, random_profiles=self.random_profiles,
+            random_start=self.random_start, noise=self.noise, seed=seed, reward=config.reward,
+            surplus_penalty=config.surplus_penalty, change_penalty=config.change_penalty, changes=self.changes,
+            chunk_range=config.chunk_range, start_mix=config.start_mix, action_head=config.action_head,
+        )
+        venv.seed(seed)
+        if config.features or config.frame_stack > 1:  # the policy's input pipeline, as PPOPolicy runs it live
+            return PolicyInputVecEnv(venv, config.features, profile.max_threads, config.frame_stack)
+        return venv
 
 
 @dataclass(frozen=True)
@@ -308,19 +373,20 @@ def train(
 ) -> TrainReport:
     """Train a PPO policy in the simulator and write it with its metadata and learning curve.
 
+    The steps: the seeded model (:func:`make_model`), ``model.learn`` with the callbacks of
+    :mod:`automdt.agents.callbacks` (evaluation with a stop-at-target child, TensorBoard, hook,
+    wall-time limit, entropy annealing, progress bar), the kept network written with its numpy
+    weights, then :func:`training_metadata` through
+    :func:`automdt.agents.ppo.write_policy_metadata`, and the learning curve.
+
     :param profile: the path profile to train on; ``None``: :meth:`Profile.default`. With
         ``random_profiles`` only its ``max_threads`` and ``interval_s`` are used.
     :param out: the policy file (``.zip`` is appended if missing).
     :param timesteps: training budget; ``None``: :data:`DEFAULT_TIMESTEPS` (one profile) or
         :data:`DEFAULT_TIMESTEPS_RANDOM` (random profiles). Early stopping may end it sooner.
     :param seed: seeds python, numpy, torch, the environments and PPO.
-    :param k: utility base per thread.
-    :param random_profiles: a fresh random profile per episode (a general policy).
-    :param randomize: relative jitter of TPT and B at each episode (robustness to fit errors).
-    :param random_start: start training episodes from random thread counts and buffer fills
-        instead of (1, 1, 1) and empty buffers (where a transfer, and every evaluation, starts).
-    :param noise: capacity noise (relative std per interval) of the training environments;
-        ``None``: each (random) profile's own. Evaluations always use the profiles' own noise.
+    :param k, random_profiles, randomize, random_start, noise, changes: the simulated environments
+        (:class:`EnvSettings`, whose fields they are, documents each).
     :param progress: show a rich progress bar.
     :param target_fraction: stop once the evaluation reaches this fraction of the oracle's
         utility (mean over the evaluation profiles); ``None``: train the whole budget.
@@ -341,13 +407,10 @@ def train(
         e.g. 0.75 keeps the choice among the settled late networks: an early network can score
         well on the evaluation profiles while its high learning rate and entropy bonus still
         leave it wavering between two thread counts.
-    :param changes: a :class:`automdt.simulator.changes.ProfileChanges`: training episodes whose
-        profile changes at random steps (a moving bottleneck, a link that halves), so the policy
-        has seen a path change under it; None: every episode keeps its profile. Evaluation
-        episodes never change (the oracle is defined for one profile).
     :param tensorboard_log: write SB3's TensorBoard logs (``train/*``, ``time/*``) to a new
         ``PPO_<n>`` run directory under this folder, plus every evaluation as
-        ``eval/fraction_of_oracle``, ``eval/min_fraction_of_oracle`` and ``eval/mean_step_reward``.
+        ``eval/fraction_of_oracle``, ``eval/min_fraction_of_oracle`` and ``eval/mean_step_reward``
+        (:class:`automdt.agents.callbacks.TensorBoardEvalLogger`).
     :param eval_hook: called as ``eval_hook(timesteps, fraction_of_oracle)`` after every
         evaluation; a true return stops training (stop reason ``"hook"``; e.g. Optuna pruning).
     :param cold_start: with ``random_profiles``, choose the policy's cold start in the simulator
@@ -355,274 +418,206 @@ def train(
         the metadata's ``start``; a policy trained on one profile starts at its oracle triple.
     """
     import torch as th
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.logger import Logger
-    from stable_baselines3.common.utils import set_random_seed
+    from stable_baselines3.common.callbacks import CallbackList
 
-    import automdt
-    from automdt.agents import ppo as ppo_mod
+    from automdt.agents import callbacks as cbs
     from automdt.agents import ppo_sb3
-    from automdt.simulator import env as sim_env
-    from automdt.simulator.sb3 import BatchedSimVecEnv
 
     cfg = config or PPOConfig()
     if num_envs is not None:
         cfg = cfg.replace(num_envs=int(num_envs))
+    env = EnvSettings(k=k, random_profiles=random_profiles, randomize=randomize, random_start=random_start,
+                      noise=noise, changes=changes)
     if profile is None:
         profile = Profile.default()
-    if timesteps is None:
-        timesteps = DEFAULT_TIMESTEPS_RANDOM if random_profiles else DEFAULT_TIMESTEPS
-    if timesteps < 1:
-        raise ValueError(f"timesteps must be >= 1, got {timesteps}")
-    if not 0.0 <= select_from < 1.0:
-        raise ValueError(f"select_from is a fraction of the budget in [0, 1), got {select_from}")
-    if target_fraction is not None and not 0.0 < target_fraction <= 1.5:
-        raise ValueError(f"target_fraction is a fraction of the oracle's utility (e.g. 0.95), got {target_fraction}")
-    rollout = cfg.num_envs * cfg.n_steps
+    timesteps = _checked_budget(timesteps, random_profiles, select_from, target_fraction)
     if eval_every is None:
-        eval_every = rollout * (12 if random_profiles else 4)
+        eval_every = cfg.num_envs * cfg.n_steps * (12 if random_profiles else 4)
     if eval_profiles is None:
-        if random_profiles:
-            eval_profiles = held_out_random_profiles(n_eval_profiles, profile.max_threads, profile.interval_s)
-        else:
-            eval_profiles = [("train", profile)]
+        eval_profiles = (held_out_random_profiles(n_eval_profiles, profile.max_threads, profile.interval_s)
+                         if random_profiles else [("train", profile)])
     eval_profiles = list(eval_profiles)
     model_path, meta_path, csv_path, png_path = _out_paths(out)
     model_path.parent.mkdir(parents=True, exist_ok=True)
 
     old_threads = th.get_num_threads()
-    # ---- seeding: everything random in a training run is seeded here ------------------------
-    th.set_num_threads(cfg.torch_threads)
-    set_random_seed(seed)  # python `random`, numpy global, torch
-    venv = BatchedSimVecEnv(
-        num_envs=cfg.num_envs, profile=profile, k=cfg.reward_k or k, episode_steps=cfg.episode_steps,
-        randomize=randomize, random_profiles=random_profiles, random_start=random_start, noise=noise,
-        seed=seed, reward=cfg.reward, surplus_penalty=cfg.surplus_penalty,
-        change_penalty=cfg.change_penalty, changes=changes, chunk_range=cfg.chunk_range, start_mix=cfg.start_mix,
-        action_head=cfg.action_head,
+    bar = None
+    try:
+        model, init = make_model(profile, env, cfg, seed, init_from)
+        started = time.perf_counter()
+        evals, tensorboard = _eval_callback(
+            lambda policy: evaluate(policy, eval_profiles, k=env.k, steps=eval_steps, seed=EVAL_SEED),
+            eval_policy_metadata(profile, cfg), eval_every, select_from * timesteps, started, target_fraction,
+            tensorboard_log, eval_hook)
+        wall = None if max_seconds is None else cbs.StopTrainingOnWallTime(max_seconds, started)
+        anneal = cbs.AnnealEntropy(cfg.ent_coef, timesteps) if cfg.anneal else None
+        bar = cbs.RichProgressCallback(timesteps, evals) if progress else None
+        model.learn(total_timesteps=timesteps, progress_bar=False,
+                    callback=CallbackList([c for c in (evals, wall, anneal, bar) if c is not None]))
+        timed_out = wall is not None and wall.stopped
+        evals.finish(model.num_timesteps, ran_to_budget=evals.stop_reason is None and not timed_out)
+    finally:
+        if bar is not None:
+            bar.close()
+        th.set_num_threads(old_threads)
+    wall_s = time.perf_counter() - started
+    stop_reason = evals.stop_reason or ("max_seconds" if timed_out else "timesteps")
+
+    model.policy.load_state_dict(evals.best_state)
+    model.save(model_path)
+    weight_names = ppo_sb3.write_numpy_weights(model_path, model.policy)
+    os.chmod(model_path, 0o644)
+    start = _policy_start(profile, env.k, random_profiles, cold_start, model.policy, cfg)
+    meta = training_metadata(
+        profile, env, cfg, seed=seed, start=start, weight_names=weight_names, init_from=init_from,
+        init_sha256=None if init is None else init.metadata.get("sha256"), timesteps=int(model.num_timesteps),
+        timesteps_budget=timesteps, evals=evals, wall_s=wall_s, stop_reason=stop_reason,
+        target_fraction=target_fraction, select_from=select_from, eval_profiles=eval_profiles, eval_steps=eval_steps,
+        model_sha256=ppo_mod.sha256_file(model_path),
     )
-    venv.seed(seed)  # env i gets seed + i at the first reset (SB3 VecEnv semantics)
-    train_env: Any = venv
-    if cfg.features or cfg.frame_stack > 1:  # the policy's input pipeline, as PPOPolicy runs it live
-        train_env = PolicyInputVecEnv(venv, cfg.features, profile.max_threads, cfg.frame_stack)
-    policy_kwargs_json = cfg.policy_kwargs()
+    ppo_mod.write_policy_metadata(model_path, meta)
+    _write_curve(evals.curve, csv_path, png_path, target_fraction,
+                 title=("random profiles" if random_profiles else "one profile") + f", seed {seed}")
+    if tensorboard is not None:
+        tensorboard.close()
+    model.get_env().close()
+    assert evals.best_eval is not None
+    return TrainReport(
+        model_path=model_path, metadata_path=meta_path, curve_csv=csv_path, curve_png=png_path,
+        timesteps=int(model.num_timesteps), wall_s=wall_s, fraction_of_oracle=float(evals.best_fraction),
+        per_profile_fraction=dict(evals.best_eval["per_profile"]),
+        reached_target=target_fraction is not None and evals.best_fraction >= target_fraction,
+        stop_reason=stop_reason, best_timesteps=int(evals.best_timesteps), wall_s_to_target=evals.target_wall_s,
+        curve=tuple(evals.curve), metadata=meta,
+    )
+
+
+def make_model(profile: Profile, env: EnvSettings, config: PPOConfig, seed: int,
+               init_from: Optional[Union[str, os.PathLike]] = None) -> Tuple[Any, Optional[Any]]:
+    """The seeded SB3 ``PPO`` model on ``env``'s environments, and the policy it starts from.
+
+    Everything random in a training run is seeded here, in this order (the order is part of the
+    result): torch's thread count (``config.torch_threads``, left set for training), python
+    ``random``, numpy and torch, the environments (env i gets ``seed + i`` at its first reset, SB3
+    ``VecEnv`` semantics), PPO; then ``init_from``'s network is loaded (building it draws from
+    torch's generator). Evaluations are seeded by :data:`EVAL_SEED` and never touch the global
+    generators.
+
+    :return: ``(model, init)``: ``init`` is the :class:`~automdt.agents.ppo.PPOPolicy` of
+        ``init_from`` (None without it).
+    :raises ValueError: ``init_from``'s network or input pipeline does not match ``config``.
+    """
+    import torch as th
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.logger import Logger
+    from stable_baselines3.common.utils import set_random_seed
+
+    th.set_num_threads(config.torch_threads)
+    set_random_seed(seed)  # python `random`, numpy global, torch
+    train_env = env.make_vec_env(profile, config, seed)
     model = PPO(
         "MlpPolicy", train_env,
-        n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
-        learning_rate=(_linear(cfg.learning_rate, 0.1 * cfg.learning_rate) if cfg.anneal else cfg.learning_rate),
-        gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
-        clip_range=cfg.clip_range, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
-        max_grad_norm=cfg.max_grad_norm,
-        policy_kwargs={"net_arch": policy_kwargs_json["net_arch"],
-                       "activation_fn": getattr(th.nn, cfg.activation)},
+        n_steps=config.n_steps, batch_size=config.batch_size, n_epochs=config.n_epochs,
+        learning_rate=(_linear(config.learning_rate, 0.1 * config.learning_rate) if config.anneal
+                       else config.learning_rate),
+        gamma=config.gamma, gae_lambda=config.gae_lambda,
+        clip_range=config.clip_range, ent_coef=config.ent_coef, vf_coef=config.vf_coef,
+        max_grad_norm=config.max_grad_norm,
+        policy_kwargs={"net_arch": config.policy_kwargs()["net_arch"],
+                       "activation_fn": getattr(th.nn, config.activation)},
         seed=seed, device="cpu", verbose=0,
     )
     # A logger without outputs: SB3's default one creates an empty $SB3_LOGDIR or /tmp/SB3-<time>
     # directory on every learn() (the learning curve is written by this module instead).
     model.set_logger(Logger(folder=None, output_formats=[]))
-    if tensorboard_log is not None:
-        from stable_baselines3.common.utils import configure_logger
-
-        model.set_logger(configure_logger(0, os.fspath(tensorboard_log), "PPO", True))
-    if init_from is not None:
-        init = ppo_mod.load_policy(init_from)
-        if (init.frame_stack != cfg.frame_stack or init.features != tuple(cfg.features)
-                or init.action_head != cfg.action_head):
-            raise ValueError(f"{init.path}: frame_stack {init.frame_stack}, features {list(init.features)} and "
-                             f"action head {init.action_head!r} do not match the config's {cfg.frame_stack}, "
-                             f"{list(cfg.features)} and {cfg.action_head!r}")
-        try:
-            model.policy.load_state_dict(init.network.state_dict(), strict=True)
-        except RuntimeError as e:
-            raise ValueError(f"{init.path}: network does not match config (net_arch {list(cfg.net_arch)}): "
-                             f"{str(e).splitlines()[0]}") from None
-    # Evaluation episodes are seeded by `eval_seed` (fixed) and never touch the global RNGs.
-    eval_seed = 1_000_003
-    # ------------------------------------------------------------------------------------------
-
-    t0 = time.perf_counter()
-    eval_meta = {"max_threads": profile.max_threads, "frame_stack": cfg.frame_stack, "features": list(cfg.features),
-                 "policy_kwargs": policy_kwargs_json, "start_threads": [1, 1, 1], "action_head": cfg.action_head}
-    curve: List[EvalPoint] = []
-    state: Dict[str, Any] = {
-        "best": -math.inf, "best_state": None, "best_ts": 0, "best_eval": None,
-        "stop": "timesteps", "t_target": None,
-    }
-
-    prog = None
-    task = None
-    if progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        prog = Progress(
-            TextColumn("[bold]training PPO"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("steps"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
-        )
-        task = prog.add_task("train", total=int(timesteps), status="")
-        prog.start()
-
-    def do_eval(num_timesteps: int, rewards: List[float]) -> bool:
-        """Evaluate, record, keep the best; return True when training should stop."""
-        # the numpy policy the transfer path runs, on a copy of the current weights
-        eval_policy = ppo_mod.PPOPolicy(model.policy, deterministic=True, metadata=eval_meta)
-        res = evaluate(eval_policy, eval_profiles, k=k, steps=eval_steps, seed=eval_seed)
-        wall = time.perf_counter() - t0
-        point = EvalPoint(num_timesteps, round(wall, 3), float(np.mean(rewards)) if rewards else float("nan"),
-                          res["mean"], res["min"])
-        curve.append(point)
-        state["last"] = (num_timesteps, res)
-        if tensorboard_log is not None:
-            model.logger.record("eval/fraction_of_oracle", res["mean"])
-            model.logger.record("eval/min_fraction_of_oracle", res["min"])
-            if rewards:
-                model.logger.record("eval/mean_step_reward", point.mean_reward)
-            model.logger.dump(step=num_timesteps)
-        if eval_hook is not None and eval_hook(num_timesteps, res["mean"]):
-            state["stop"] = "hook"
-            if num_timesteps >= select_from * timesteps and res["mean"] > state["best"]:
-                state.update(best=res["mean"], best_state=copy.deepcopy(model.policy.state_dict()),
-                             best_ts=num_timesteps, best_eval=res)
-            return True
-        if num_timesteps < select_from * timesteps:
-            return False
-        if res["mean"] > state["best"]:
-            state.update(best=res["mean"], best_state=copy.deepcopy(model.policy.state_dict()),
-                         best_ts=num_timesteps, best_eval=res)
-        log.info("eval at %d steps: %.3f of the oracle (min %.3f)", num_timesteps, res["mean"], res["min"])
-        if prog is not None:
-            prog.update(task, completed=min(num_timesteps, timesteps),
-                        status=f"oracle fraction {res['mean']:.3f} (best {state['best']:.3f})")
-        if target_fraction is not None and res["mean"] >= target_fraction:
-            state["stop"], state["t_target"] = "target", wall
-            return True
-        return False
-
-    class _Callback(BaseCallback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.next_eval = eval_every
-            self.rewards: List[float] = []
-
-        def _on_training_start(self) -> None:
-            self.stop_now = do_eval(0, [])
-
-        def _on_step(self) -> bool:
-            if self.stop_now:
-                return False
-            self.rewards.append(float(np.mean(self.locals["rewards"])))
-            if self.num_timesteps >= self.next_eval:
-                self.next_eval += eval_every
-                if do_eval(self.num_timesteps, self.rewards):
-                    return False
-                self.rewards = []
-            if max_seconds is not None and time.perf_counter() - t0 >= max_seconds:
-                state["stop"] = "max_seconds"
-                return False
-            return True
-
-        def _on_rollout_end(self) -> None:
-            if cfg.anneal:  # read by the PPO update that follows this rollout
-                self.model.ent_coef = cfg.ent_coef * max(0.0, 1.0 - self.num_timesteps / timesteps)
-            if prog is not None:
-                prog.update(task, completed=min(self.num_timesteps, timesteps))
-
-    cb = _Callback()
+    if init_from is None:
+        return model, None
+    init = ppo_mod.load_policy(init_from)
+    if (init.frame_stack != config.frame_stack or init.features != tuple(config.features)
+            or init.action_head != config.action_head):
+        raise ValueError(f"{init.path}: frame_stack {init.frame_stack}, features {list(init.features)} and "
+                         f"action head {init.action_head!r} do not match the config's {config.frame_stack}, "
+                         f"{list(config.features)} and {config.action_head!r}")
     try:
-        model.learn(total_timesteps=int(timesteps), callback=cb, progress_bar=False)
-        if state["stop"] == "timesteps" and (not curve or curve[-1].timesteps != model.num_timesteps):
-            do_eval(model.num_timesteps, cb.rewards)
-    finally:
-        if prog is not None:
-            prog.stop()
-        th.set_num_threads(old_threads)
-    wall_s = time.perf_counter() - t0
-    trained = int(model.num_timesteps)
+        model.policy.load_state_dict(init.network.state_dict(), strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"{init.path}: network does not match config (net_arch {list(config.net_arch)}): "
+                         f"{str(e).splitlines()[0]}") from None
+    return model, init
 
-    if state["best_state"] is None:  # stopped (max_seconds) before select_from: keep the last network
-        if curve[-1].timesteps != model.num_timesteps:
-            do_eval(model.num_timesteps, cb.rewards)
-        ts_last, res_last = state["last"]
-        state.update(best=res_last["mean"], best_state=copy.deepcopy(model.policy.state_dict()), best_ts=ts_last,
-                     best_eval=res_last)
-    model.policy.load_state_dict(state["best_state"])
-    model.save(model_path)
-    weight_names = ppo_sb3.write_numpy_weights(model_path, model.policy)
-    os.chmod(model_path, 0o644)
-    best_eval = state["best_eval"]
-    reached = target_fraction is not None and state["best"] >= target_fraction
 
-    obs_space, act_space = ppo_sb3.simulator_spaces(cfg.frame_stack, cfg.features, cfg.action_head,
+def eval_policy_metadata(profile: Profile, config: PPOConfig) -> Dict[str, Any]:
+    """The metadata of the numpy :class:`~automdt.agents.ppo.PPOPolicy` run on the network during
+    training (evaluations, cold start): thread bound, input pipeline, action head."""
+    return {"max_threads": profile.max_threads, "frame_stack": config.frame_stack, "features": list(config.features),
+            "policy_kwargs": config.policy_kwargs(), "start_threads": [1, 1, 1], "action_head": config.action_head}
+
+
+def training_metadata(
+    profile: Profile, env: EnvSettings, config: PPOConfig, *, seed: int, start: Dict[str, Any],
+    weight_names: Sequence[str], init_from: Optional[Union[str, os.PathLike]], init_sha256: Optional[str],
+    timesteps: int, timesteps_budget: int, evals: Any, wall_s: float, stop_reason: str,
+    target_fraction: Optional[float], select_from: float, eval_profiles: Sequence[Tuple[str, Profile]],
+    eval_steps: int, model_sha256: str,
+) -> Dict[str, Any]:
+    """The metadata sidecar of a trained policy (format :data:`automdt.agents.ppo.POLICY_FORMAT`):
+    what loading checks (spaces, input pipeline, network, numpy weights, sha256), how it was
+    trained (env settings, profile, seed, budget, hyperparameters, versions) and how well (the kept
+    network's evaluation, from ``evals``, an :class:`automdt.agents.callbacks.OracleEvalCallback`)."""
+    from automdt import __version__
+    from automdt.agents import ppo_sb3
+    from automdt.simulator import env as sim_env
+
+    obs_space, act_space = ppo_sb3.simulator_spaces(config.frame_stack, config.features, config.action_head,
                                                     profile.max_threads)
-    if random_profiles and cold_start:
-        from automdt.agents.cold_start import choose_cold_start
-
-        start = choose_cold_start(ppo_mod.PPOPolicy(model.policy, deterministic=True, metadata=eval_meta))
-    else:
-        start = _policy_start(profile, k, random_profiles)
-    meta: Dict[str, Any] = {
+    best = evals.best_eval
+    return {
         "format": ppo_mod.POLICY_FORMAT,
         "algorithm": "PPO",
         "env_id": sim_env.ENV_ID,
-        "simulator_version": getattr(automdt, "__version__", "unknown"),
+        "simulator_version": __version__,
         "observation_space": ppo_sb3.space_to_json(obs_space),
         "action_space": ppo_sb3.space_to_json(act_space),
         "observation_names": list(sim_env.OBS_NAMES),
-        "action_head": cfg.action_head,
-        "action_names": action_names(cfg.action_head, profile.max_threads),
-        "policy_kwargs": policy_kwargs_json,
-        "frame_stack": int(cfg.frame_stack),
-        "features": list(cfg.features),
+        "action_head": config.action_head,
+        "action_names": action_names(config.action_head, profile.max_threads),
+        "policy_kwargs": config.policy_kwargs(),
+        "frame_stack": int(config.frame_stack),
+        "features": list(config.features),
         "start_threads": list(start["threads"]),
         "start": start,
         "numpy_weights": ppo_sb3.numpy_weights_metadata(weight_names),
-        "k": float(k),
+        "k": float(env.k),
         "max_threads": int(profile.max_threads),
         "interval_s": float(profile.interval_s),
-        "random_profiles": bool(random_profiles),
-        "randomize": float(randomize),
-        "random_start": bool(random_start),
-        "changes": None if changes is None else changes.to_dict(),
-        "noise": noise,
-        "profile": None if random_profiles else profile.to_dict(include_samples=False),
+        "random_profiles": bool(env.random_profiles),
+        "randomize": float(env.randomize),
+        "random_start": bool(env.random_start),
+        "changes": None if env.changes is None else env.changes.to_dict(),
+        "noise": env.noise,
+        "profile": None if env.random_profiles else profile.to_dict(include_samples=False),
         "seed": int(seed),
         "init_from": None if init_from is None else str(init_from),
-        "init_from_sha256": None if init_from is None else init.metadata.get("sha256"),
-        "timesteps": trained,
-        "timesteps_budget": int(timesteps),
-        "best_timesteps": int(state["best_ts"]),
+        "init_from_sha256": init_sha256,
+        "timesteps": timesteps,
+        "timesteps_budget": timesteps_budget,
+        "best_timesteps": int(evals.best_timesteps),
         "wall_s": round(wall_s, 3),
-        "wall_s_to_target": None if state["t_target"] is None else round(state["t_target"], 3),
-        "stop_reason": state["stop"],
+        "wall_s_to_target": None if evals.target_wall_s is None else round(evals.target_wall_s, 3),
+        "stop_reason": stop_reason,
         "target_fraction": target_fraction,
         "select_from": float(select_from),
-        "fraction_of_oracle": float(state["best"]),
-        "min_fraction_of_oracle": float(best_eval["min"]),
-        "per_profile_fraction": best_eval["per_profile"],
+        "fraction_of_oracle": float(evals.best_fraction),
+        "min_fraction_of_oracle": float(best["min"]),
+        "per_profile_fraction": best["per_profile"],
         "eval_profiles": {name: p.to_dict(include_samples=False) for name, p in eval_profiles},
         "eval_steps": int(eval_steps),
-        "hyperparameters": {**asdict(cfg), "net_arch": list(cfg.net_arch), "features": list(cfg.features),
-                            "chunk_range": None if cfg.chunk_range is None else list(cfg.chunk_range),
-                            "start_mix": None if cfg.start_mix is None else list(cfg.start_mix)},
+        "hyperparameters": {**asdict(config), "net_arch": list(config.net_arch), "features": list(config.features),
+                            "chunk_range": None if config.chunk_range is None else list(config.chunk_range),
+                            "start_mix": None if config.start_mix is None else list(config.start_mix)},
         "versions": _versions(),
-        "sha256": ppo_mod.sha256_file(model_path),
+        "sha256": model_sha256,
     }
-    tmp = Path(str(meta_path) + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, meta_path)
-    _write_curve(curve, csv_path, png_path, target_fraction,
-                 title=("random profiles" if random_profiles else "one profile") + f", seed {seed}")
-    if tensorboard_log is not None:
-        model.logger.close()
-    train_env.close()
-    return TrainReport(
-        model_path=model_path, metadata_path=meta_path, curve_csv=csv_path, curve_png=png_path,
-        timesteps=trained, wall_s=wall_s, fraction_of_oracle=float(state["best"]),
-        per_profile_fraction=dict(best_eval["per_profile"]), reached_target=bool(reached),
-        stop_reason=state["stop"], best_timesteps=int(state["best_ts"]),
-        wall_s_to_target=state["t_target"], curve=tuple(curve), metadata=meta,
-    )
 
 
 def _linear(start: float, end: float) -> Any:
@@ -634,53 +629,58 @@ def _linear(start: float, end: float) -> Any:
     return schedule
 
 
-def _policy_start(profile: Profile, k: float, random_profiles: bool) -> Dict[str, Any]:
+def _checked_budget(timesteps: Optional[int], random_profiles: bool, select_from: float,
+                    target_fraction: Optional[float]) -> int:
+    """The timestep budget (:data:`DEFAULT_TIMESTEPS` or :data:`DEFAULT_TIMESTEPS_RANDOM` when
+    None), after checking it and the stopping rules (:class:`ValueError`, one line)."""
+    if timesteps is None:
+        timesteps = DEFAULT_TIMESTEPS_RANDOM if random_profiles else DEFAULT_TIMESTEPS
+    if timesteps < 1:
+        raise ValueError(f"timesteps must be >= 1, got {timesteps}")
+    if not 0.0 <= select_from < 1.0:
+        raise ValueError(f"select_from is a fraction of the budget in [0, 1), got {select_from}")
+    if target_fraction is not None and not 0.0 < target_fraction <= 1.5:
+        raise ValueError(f"target_fraction is a fraction of the oracle's utility (e.g. 0.95), got {target_fraction}")
+    return int(timesteps)
+
+
+def _eval_callback(score: Any, policy_metadata: Dict[str, Any], eval_every: int, select_from: float,
+                   started: float, target_fraction: Optional[float],
+                   tensorboard_log: Optional[Union[str, os.PathLike]], eval_hook: Optional[Any]) -> Tuple[Any, Any]:
+    """:class:`automdt.agents.callbacks.OracleEvalCallback` with its children: the target stop on
+    a new best, TensorBoard then the hook after every evaluation. Returns it and the TensorBoard
+    logger (None without ``tensorboard_log``)."""
+    from stable_baselines3.common.callbacks import CallbackList
+
+    from automdt.agents import callbacks as cbs
+
+    tensorboard = None if tensorboard_log is None else cbs.TensorBoardEvalLogger(tensorboard_log)
+    after_eval = [c for c in (tensorboard, None if eval_hook is None else cbs.EvalHookCallback(eval_hook))
+                  if c is not None]
+    evals = cbs.OracleEvalCallback(
+        score, policy_metadata, eval_every, select_from=select_from, started=started,
+        callback_on_new_best=None if target_fraction is None else cbs.StopTrainingOnOracleFraction(target_fraction),
+        callback_after_eval=CallbackList(after_eval) if after_eval else None,
+    )
+    return evals, tensorboard
+
+
+def _policy_start(profile: Profile, k: float, random_profiles: bool, cold_start: bool, network: Any,
+                  config: PPOConfig) -> Dict[str, Any]:
     """The metadata's ``start``: a policy trained on one profile starts at that profile's oracle
-    triple (:func:`automdt.simulator.oracle.oracle`); a general one at (1, 1, 1)."""
+    triple (:func:`automdt.simulator.oracle.oracle`); a general one at the cold start chosen in the
+    simulator (:func:`automdt.agents.cold_start.choose_cold_start`, with ``cold_start``) or at
+    (1, 1, 1)."""
+    if random_profiles and cold_start:
+        from automdt.agents.cold_start import choose_cold_start
+
+        return choose_cold_start(ppo_mod.PPOPolicy(network, deterministic=True,
+                                                   metadata=eval_policy_metadata(profile, config)))
     if random_profiles:
         return {"threads": [1, 1, 1], "source": "policy"}
     from automdt.simulator.oracle import oracle
 
     return {"threads": [int(x) for x in oracle(profile, k).threads], "source": "profile"}
-
-
-def _policy_input_vec_env_class() -> Any:
-    from stable_baselines3.common.vec_env import VecEnvWrapper
-
-    from automdt.agents.ppo_sb3 import simulator_spaces
-    from automdt.simulator.pipeline import PolicyInput
-
-    class PolicyInputVecEnv(VecEnvWrapper):
-        """The simulator's encodings through :class:`automdt.simulator.pipeline.PolicyInput` (derived
-        features, frame stack): the very code :class:`automdt.agents.ppo.PPOPolicy` runs live.
-
-        Stateful features and stacks follow each env's episodes as the live policy follows a
-        transfer: a terminal observation still belongs to the old episode, the observation
-        returned with ``done`` starts the new one (``VecFrameStack``'s semantics).
-        """
-
-        def __init__(self, venv: Any, features: Sequence[str], max_threads: int, frame_stack: int = 1) -> None:
-            self.pipeline = PolicyInput(venv.num_envs, max_threads, features, frame_stack)
-            super().__init__(venv, observation_space=simulator_spaces(frame_stack, features)[0])
-
-        def reset(self) -> np.ndarray:
-            return self.pipeline.reset(self.venv.reset())
-
-        def step_wait(self) -> Any:
-            obs, rew, done, infos = self.venv.step_wait()
-            terminal = {int(i): infos[i]["terminal_observation"] for i in np.flatnonzero(done)
-                        if "terminal_observation" in infos[i]}
-            x, term = self.pipeline.step(obs, done, terminal)
-            for i, t in term.items():
-                infos[i]["terminal_observation"] = t
-            return x, rew, done, infos
-
-    return PolicyInputVecEnv
-
-
-def PolicyInputVecEnv(venv: Any, features: Sequence[str], max_threads: int, frame_stack: int = 1) -> Any:
-    """An SB3 ``VecEnvWrapper`` applying the policy's input pipeline (see the class above)."""
-    return _policy_input_vec_env_class()(venv, features, max_threads, frame_stack)
 
 
 def _versions() -> Dict[str, str]:

@@ -1,7 +1,8 @@
 """The ``automdt`` command line.
 
-Heavy modules (torch, stable-baselines3, the engine) are imported inside the commands that need
-them, so ``automdt transfer`` with a non-PPO policy never imports torch. User errors print one
+Heavy modules (torch, stable-baselines3) are imported inside the commands that need them, so
+``automdt transfer`` with a non-PPO policy never imports torch; the engine package (a few ms) is
+imported at once for its limits (the chunk-size range). User errors print one
 line ``automdt: ...`` on stderr and exit with a documented code (``automdt exit-codes``). Every
 option's value and every output path is checked before any work starts
 (:mod:`automdt.cli_args`); SIGINT/SIGTERM stop a command cleanly with exit 130/143, however many
@@ -19,12 +20,13 @@ from typing import List, Optional
 
 from automdt import __version__, cli_args as A, errors, interrupts
 from automdt.errors import AutomdtError, Interrupted
+from automdt.transfer_engine import SESSION_CHUNK_SIZE_MAX, SESSION_CHUNK_SIZE_MIN
 
 log = logging.getLogger("automdt")
 
 EPILOG_EXIT = "Exit codes: see `automdt exit-codes`. Sizes: 4M = 4,000,000 bytes, 4Mi = 4,194,304 bytes."
 MAX_THREADS_LIMIT = 1024
-MIN_CHUNK, MAX_CHUNK = 4 << 10, 64 << 20
+MIN_CHUNK, MAX_CHUNK = SESSION_CHUNK_SIZE_MIN, SESSION_CHUNK_SIZE_MAX
 FILE_ONLY = {"file_only": True}
 """``extra=`` of a log record that goes to --log-file only (stderr gets the same text another way)."""
 QUIET_CODES = (errors.OK, errors.MAX_DURATION, errors.LOCK_BUSY)
@@ -45,7 +47,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", metavar="BYTES", default="256Mi", type=A.size(MIN_CHUNK, what="memory"),
                    help="memory cap of each staging buffer, e.g. 512Mi or 1G (default 256Mi)")
     p.add_argument("--chunk-size", metavar="BYTES", default="4Mi", type=A.size(MIN_CHUNK, MAX_CHUNK, "chunk size"),
-                   help="chunk size, 4Ki..64Mi (default 4Mi)")
+                   help=f"chunk size, {MIN_CHUNK >> 10}Ki..{MAX_CHUNK >> 20}Mi (default 4Mi)")
     p.add_argument("--throttle", metavar="SPEC", default="",
                    help="emulated bottlenecks: comma list of read.thread=, net.thread=, write.thread=, "
                         "read.total=, net.total=, write.total= in bytes/s with K/M/G (powers of 1000); "
@@ -148,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shared secret of the receiver (as for transfer)")
     v.add_argument("--encrypt", action="store_true", help="encrypted control channel (for a receiver with --encrypt)")
     v.add_argument("--chunk-size", metavar="BYTES", default="4Mi", type=A.size(MIN_CHUNK, MAX_CHUNK, "chunk size"),
-                   help="chunk size the digests are built from, 4Ki..64Mi (default 4Mi; any value works, "
+                   help=f"chunk size the digests are built from, {MIN_CHUNK >> 10}Ki..{MAX_CHUNK >> 20}Mi "
+                        "(default 4Mi; any value works, "
                         "both ends use the same)")
     v.add_argument("--timeout", type=A.seconds(1.0, lo_open=False, hi=86400), default=30.0, metavar="SECONDS",
                    help="control-channel reply timeout, at least 1 (default 30)")
@@ -298,44 +301,40 @@ def _policy_error(e: BaseException) -> AutomdtError:
 
 
 def _resolve_policy(args, max_threads: int):
+    """``(policy, threads, start)`` from ``--policy`` and ``--threads``: the policy (fixed counts
+    are :class:`automdt.agents.static.StaticPolicy`: ``--threads`` alone, ``static:R,N,W``,
+    ``globus``), the counts the receiver opens with, and the counts an adaptive policy starts from
+    (``--threads`` given with a ``--policy`` other than ``static:``; None otherwise:
+    :mod:`automdt.start`)."""
+    from automdt.agents.registry import make_policy
+    from automdt.agents.static import StaticPolicy
     from automdt.units import parse_threads
 
     if args.policy is None and args.threads is not None:
-        return None, parse_threads(args.threads)
+        triple = parse_threads(args.threads)
+        return StaticPolicy(*triple), triple, None
     spec = args.policy or "ppo"
-    if spec.startswith("static:"):
-        try:
-            triple = parse_threads(spec[len("static:"):])
-        except ValueError as e:
-            raise AutomdtError(f"--policy {spec}: {e}", errors.USAGE) from None
-        return None, triple
     if spec.strip().lower() == "oracle":
         raise AutomdtError(ORACLE_ONLY_IN_SIMULATOR, errors.USAGE)
-    try:
-        from automdt.agents.registry import make_policy
-    except ImportError:
-        raise AutomdtError(f"policy {spec!r}: only static:R,N,W is available in this build", errors.USAGE) from None
     try:
         pol = make_policy(spec, max_threads=max_threads)
     except (ValueError, TypeError, OSError, ImportError, AttributeError) as e:
         raise _policy_error(e) from None
-    start = parse_threads(args.threads) if args.threads else (1, 1, 1)
-    return pol, start
+    if isinstance(pol, StaticPolicy) and spec.strip().lower().startswith("static:"):
+        return pol, pol.triple, None
+    start = parse_threads(args.threads) if args.threads else None
+    return pol, start or (1, 1, 1), start
 
 
 def _check_policy(args) -> None:
     """The --policy spec, checked before the lock and any work (loading it comes after the lock)."""
+    from automdt.agents.registry import check_spec
+
     spec = getattr(args, "policy", None)
     if spec is None:
         return
     if spec.strip().lower() == "oracle":
         raise AutomdtError(ORACLE_ONLY_IN_SIMULATOR, errors.USAGE)
-    try:
-        from automdt.agents.registry import check_spec
-    except ImportError:
-        if not spec.startswith("static:"):
-            raise AutomdtError(f"policy {spec!r}: only static:R,N,W is available in this build", errors.USAGE) from None
-        return
     try:
         check_spec(spec)
     except (ValueError, TypeError, ImportError, OSError) as e:
@@ -397,10 +396,9 @@ def _with_history(args, run_transfer):
         rec, warning = history.load(path)
         if warning:
             log.warning("%s", warning)
-        if opts.policy is not None:
-            opts.history = rec
+        opts.history = rec  # only policies that take a start use it (automdt.start)
         summary = run_transfer(args.src, args.dest, opts)
-        name = getattr(opts.policy, "name", None) or "static:%d,%d,%d" % tuple(opts.threads)
+        name = getattr(opts.policy, "name", None) or "static:" + ",".join(str(int(n)) for n in opts.threads)
         failed = history.update(path, summary.history, previous=rec, policy=name, max_threads=opts.max_threads,
                                 job=key, src=os.path.abspath(args.src), dest=args.dest)
         if failed and not warning:  # one line per run: an unreadable file is usually unwritable too
@@ -478,9 +476,8 @@ def cmd_transfer(args) -> int:
     try:
         interrupts.ready()
         with lock:
-            opts.policy, opts.threads = _resolve_policy(args, args.max_threads)
-            if opts.policy is not None and args.threads:
-                opts.start_threads = opts.threads  # explicit start counts win over the job's history
+            # explicit start counts (--threads with --policy) win over the job's history
+            opts.policy, opts.threads, opts.start_threads = _resolve_policy(args, args.max_threads)
             summary = _run_with_display(args, _with_history(args, run_transfer), opts)
     except AutomdtError as e:
         if e.code == errors.USAGE and lock.lock is None and not args.no_lock:
@@ -580,8 +577,8 @@ def cmd_verify(args) -> int:
             for line in (d.get("differences") or []) + (d.get("unreadable") or []):
                 _out(line)
             if summary.differences is None:  # it never got to compare: say why
-                for e in summary.errors[:20]:
-                    print(f"automdt: {e}", file=sys.stderr)
+                for err in summary.errors[:20]:
+                    print(f"automdt: {err}", file=sys.stderr)
             _out(f"{d.get('verified', 0)} of {d['files_total']} files identical; exit {d['exit_code']}")
     return summary.exit_code
 
@@ -617,7 +614,7 @@ def cmd_receive(args) -> int:
     stop = threading.Event()
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda *_: stop.set())
-    if metrics is not None:
+    if metrics is not None and metrics_at is not None:
         log.info("metrics on http://%s:%d/metrics", metrics_at[0], metrics_port)
     log.info("receiving into %s on %s:%d", os.path.abspath(args.root), host, server.port)
     try:
@@ -652,7 +649,7 @@ def cmd_demo(args) -> int:
             opts = TransferOptions(threads=parse_threads(args.threads))
         else:
             args.policy = None
-            policy, threads = _resolve_policy(args, 32)
+            policy, threads, _ = _resolve_policy(args, 32)
             opts = TransferOptions(policy=policy, threads=threads)
         summary = _run_with_display(args, lambda o: run_transfer(src, dst, o), opts)
         with interrupts.shielded():
@@ -894,8 +891,8 @@ class _Logging:
             h.setLevel(logging.DEBUG if a.debug else logging.INFO)
             self.handlers.append(h)
             self.file_handler = h
-        for h in self.handlers:
-            self.root.addHandler(h)
+        for handler in self.handlers:
+            self.root.addHandler(handler)
         self.root.setLevel(logging.DEBUG if a.debug else logging.INFO)
         return self
 

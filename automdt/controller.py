@@ -1,31 +1,33 @@
 """The one place where a policy meets the live engine.
 
-Every ``interval_s`` the controller turns the engine counters of both ends into an
-:class:`~automdt.simulator.types.Observation` (what the simulator also produces), asks the
-policy for the next (read, net, write) thread counts, applies them (read and net on the local
-sender engine, write through the control channel to the receiver), and writes one JSON line to
-the interval log. Its first log line (``"start"``) says where the thread counts started and why
-(:mod:`automdt.start`).
+Every ``interval_s`` the controller turns the engine counters of both ends (the sender engine's
+:class:`~automdt.transfer_engine.SenderStats`, the receiver's
+:class:`~automdt.transfer_engine.ReceiverStats` from its last ``status`` reply) into an
+:class:`~automdt.policy_contract.Observation` (what the simulator also produces), asks the policy
+for the next (read, net, write) thread counts, applies them (read and net on the local sender
+engine, write through the control channel to the receiver), and writes one
+:class:`~automdt.interval.IntervalRecord` as a JSON line to the interval log. The thread counts
+it observes and logs are the ones the engines report (``threads_target``: after the receiver's
+own clamp), not the ones it asked for. Its first log line (``"start"``) says where the thread
+counts started and why (:mod:`automdt.start`).
 """
 from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
-from automdt.agents.base import Policy, clamp_triple
-from automdt.simulator.types import Observation, Triple
+from automdt.interval import IntervalRecord
+from automdt.policy_contract import STAGES, Observation, Policy, Triple, clamp_triple
 
-
-def _stage(stats: Any, name: str) -> Dict[str, float]:
-    s = getattr(stats, name)
-    return s if isinstance(s, dict) else s._asdict()
+if TYPE_CHECKING:
+    from automdt.transfer_engine.engine import BufferStats, ReceiverStats, SenderStats
 
 
 class Controller:
     """Drives a policy at a fixed interval.
 
-    :param policy: any :class:`~automdt.agents.base.Policy`.
+    :param policy: any :class:`~automdt.policy_contract.Policy`.
     :param apply: called with the new triple whenever the policy chooses one.
     :param interval_s: control interval in seconds.
     :param max_threads: upper bound for each stage.
@@ -33,10 +35,13 @@ class Controller:
     :param start: where to start (:func:`automdt.start.choose_start`); None: the policy's own.
     :param bound: threads per stage the dataset can use (:func:`automdt.start.dataset_bound`):
         applied to the choices of policies that take a start (PPO) for the whole run.
+    :param write_max: the receiver's bound on write threads (``max_threads`` of its ``opened``
+        reply): the write count the controller applies never exceeds it.
     """
 
     def __init__(self, policy: Policy, apply: Callable[[Triple], None], interval_s: float = 1.0,
-                 max_threads: int = 32, log_file=None, start=None, bound: Optional[int] = None):
+                 max_threads: int = 32, log_file: Any = None, start: Any = None, bound: Optional[int] = None,
+                 write_max: Optional[int] = None):
         self.policy = policy
         self.apply = apply
         self.interval_s = interval_s
@@ -49,32 +54,38 @@ class Controller:
 
             if takes_start(policy):
                 self.limit = max(1, min(max_threads, int(bound)))
+        self.write_max = max(1, int(write_max)) if write_max else None
         self.threads: Triple = (1, 1, 1)
+        """The counts applied last (what the engines were asked for)."""
         self.t0 = time.monotonic()
         self._last_t = self.t0
         self._last: Optional[Tuple[int, int, int]] = None
         self._last_busy: Optional[Tuple[float, ...]] = None
         self._last_tcp: Tuple[int, int] = (0, 0)
         self._cpu = (time.process_time(), time.monotonic())
-        self.history: list = []
-        self.last_record: Optional[Dict[str, Any]] = None
+        self.history: list[IntervalRecord] = []
+        self.last_record: Optional[IntervalRecord] = None
         self.start_record: Optional[Dict[str, Any]] = None
         self.annotations: Dict[str, Any] = {}
         """Fields added to every interval record from now on (the sender sets ``throttle``, the
         throttle spec in force at the end of the interval)."""
 
+    def _clamp(self, t: Any, limit: int) -> Triple:
+        r, n, w = clamp_triple(t, limit)
+        return (r, n, min(w, self.write_max)) if self.write_max is not None else (r, n, w)
+
     def start(self) -> Triple:
         """Reset the policy, apply the start triple, and log where it came from."""
-        own = clamp_triple(self.policy.reset(self.max_threads), self.max_threads)
+        own = self._clamp(self.policy.reset(self.max_threads), self.max_threads)
         if self.start_choice is None:
             self.threads = own
-            record = {"threads": dict(zip(("read", "net", "write"), self.threads)), "source": "policy"}
+            record = {"threads": dict(zip(STAGES, self.threads)), "source": "policy"}
         else:
-            self.threads = clamp_triple(self.start_choice.threads, self.max_threads)
+            self.threads = self._clamp(self.start_choice.threads, self.max_threads)
             hook = getattr(self.policy, "start_from", None)
             if hook is not None:
                 hook(self.threads)
-            record = self.start_choice.log_record()
+            record = dict(self.start_choice.log_record(), threads=dict(zip(STAGES, self.threads)))
         self.apply(self.threads)
         self.t0 = self._last_t = time.monotonic()
         self.start_record = {"t": 0.0, "start": record, "policy": self._name()}
@@ -97,85 +108,93 @@ class Controller:
     def due(self, now: Optional[float] = None) -> bool:
         return (time.monotonic() if now is None else now) - self._last_t >= self.interval_s
 
-    def tick(self, sender_stats: Any, receiver_stats: Dict[str, Any], now: Optional[float] = None,
-             loss: Optional[float] = None, final: bool = False) -> Optional[Dict[str, Any]]:
+    def tick(self, sender_stats: "SenderStats", receiver_stats: Optional["ReceiverStats"],
+             now: Optional[float] = None, loss: Optional[float] = None,
+             final: bool = False) -> Optional[IntervalRecord]:
         """Called often; acts once an interval has passed. Returns the interval record if it acted.
 
+        ``receiver_stats``: the receiver's last counters, None before its first ``status`` reply.
         ``loss`` overrides the network loss ratio, which is otherwise the share of TCP segments
         the data connections retransmitted in the interval (the sender's TCP_INFO counters).
         ``final``: the run ended; the partial interval since the last record goes to the log file
         only (``"final": true``; the policy is not asked, :attr:`history` keeps whole intervals),
         so the log covers the whole run even when its end moved faster than one interval."""
-        tcp = (int(getattr(sender_stats, "tcp_segs_out", 0)), int(getattr(sender_stats, "tcp_retrans", 0)))
+        tcp = (int(sender_stats.tcp_segs_out), int(sender_stats.tcp_retrans))
         now = time.monotonic() if now is None else now
-        read_b = _stage(sender_stats, "read")["bytes"]
-        net_b = _stage(sender_stats, "net")["bytes"]
-        write_b = receiver_stats["write"]["bytes"] if receiver_stats else 0
+        counted = (sender_stats.read.bytes, sender_stats.net.bytes,
+                   receiver_stats.write.bytes if receiver_stats is not None else 0)
         busy = _busy(sender_stats, receiver_stats)
-        if self._last is None:
-            self._last = (read_b, net_b, write_b)
-            self._last_busy = busy
-            self._last_t = now
-            self._last_tcp = tcp
+        if self._last is None or self._last_busy is None:
+            self._last, self._last_busy, self._last_t, self._last_tcp = counted, busy, now, tcp
             return None
         dt = now - self._last_t
         if dt < (0.05 if final else self.interval_s):
             return None
-        moved = (read_b - self._last[0], net_b - self._last[1], write_b - self._last[2])
-        tput = tuple(b / dt for b in moved)
-        d = [b - a for a, b in zip(self._last_busy, busy)]
-        self._last, self._last_busy, self._last_t = (read_b, net_b, write_b), busy, now
+        moved = (counted[0] - self._last[0], counted[1] - self._last[1], counted[2] - self._last[2])
+        tput = (moved[0] / dt, moved[1] / dt, moved[2] / dt)
+        d = [float(b) - float(a) for a, b in zip(self._last_busy, busy)]
+        self._last, self._last_busy, self._last_t = counted, busy, now
         if loss is None:
             segs, retrans = tcp[0] - self._last_tcp[0], tcp[1] - self._last_tcp[1]
             loss = min(1.0, retrans / segs) if segs > 0 and retrans > 0 else 0.0
         self._last_tcp = tcp
-        sbuf = _stage(sender_stats, "buffer")
-        rbuf = receiver_stats.get("buffer", {}) if receiver_stats else {}
-        fill = (_frac(sbuf), _frac(rbuf))
+        rbuf = receiver_stats.buffer if receiver_stats is not None else None
+        fill = (_frac(sender_stats.buffer), _frac(rbuf))
         busy_s, wait_s = stage_times(d)
-        obs = Observation(threads=self.threads, throughput_bps=tput, buffer_fill=fill, interval_s=dt,
+        ran = self.running(sender_stats, receiver_stats)
+        obs = Observation(threads=ran, throughput_bps=tput, buffer_fill=fill, interval_s=dt,
                           max_threads=self.max_threads, loss=loss,
-                          buffer_bytes=(int(sbuf.get("capacity_bytes", 0)), int(rbuf.get("capacity_bytes", 0))),
+                          buffer_bytes=(int(sender_stats.buffer.capacity_bytes), int(rbuf.capacity_bytes) if rbuf else 0),
                           busy_s=busy_s, wait_s=wait_s)
-        new = self.threads if final else clamp_triple(self.policy.act(obs), self.limit)
-        record = {
-            "t": round(now - self.t0, 3),
-            "threads": dict(zip(("read", "net", "write"), self.threads)),
-            "throughput": dict(zip(("read", "net", "write"), (round(x, 1) for x in tput))),
-            "buffer": {"sender": round(fill[0], 4), "receiver": round(fill[1], 4)},
-            "cpu": self._cpu_percent(),
-            "loss": round(loss, 6),
-            "policy": self._name(),
-            "next_threads": dict(zip(("read", "net", "write"), new)),
+        new = ran if final else self._clamp(self.policy.act(obs), self.limit)
+        ann = dict(self.annotations)
+        record = IntervalRecord(
+            t=round(now - self.t0, 3),
+            threads=ran,
+            throughput=(round(tput[0], 1), round(tput[1], 1), round(tput[2], 1)),
+            buffer=(round(fill[0], 4), round(fill[1], 4)),
+            cpu=self._cpu_percent(),
+            loss=round(float(loss), 6),
+            policy=self._name(),
+            next_threads=new,
             # raw counters of the interval, for exploration and profile fitting
-            "bytes": dict(zip(("read", "net", "write"), moved)),
-            "busy_s": {"read": round(d[0], 4), "net": round(d[1], 4), "write": round(d[2], 4)},
-            "wait_s": {"read": round(d[3], 4), "net": round(d[4], 4), "write": round(d[5], 4)},
-            "recv_wait_s": round(d[6], 4),
-            "interval_s": round(dt, 4),
-        }
-        record.update(self.annotations)
-        if final:
-            record["final"] = True
-        if new != self.threads:
+            bytes=moved,
+            busy_s=(round(d[0], 4), round(d[1], 4), round(d[2], 4)),
+            wait_s=(round(d[3], 4), round(d[4], 4), round(d[5], 4)),
+            recv_wait_s=round(d[6], 4),
+            interval_s=round(dt, 4),
+            throttle=ann.pop("throttle", None),
+            final=final,
+            extra=ann,
+        )
+        if new != self.threads and not final:
             self.apply(new)
             self.threads = new
         if not final:
             self.history.append(record)
             self.last_record = record
         if self.log_file is not None:
-            self.log_file.write(json.dumps(record) + "\n")
+            self.log_file.write(json.dumps(record.to_json()) + "\n")
             self.log_file.flush()
         return record
 
+    def running(self, sender_stats: "SenderStats", receiver_stats: Optional["ReceiverStats"]) -> Triple:
+        """The thread counts the engines run (their ``threads_target``): the sender's read and
+        network pools, the receiver's write pool (after its own clamp). A count an engine does not
+        report (0; no receiver reply yet) is the one last applied."""
+        asked = self.threads
+        write = receiver_stats.write.threads_target if receiver_stats is not None else 0
+        return (int(sender_stats.read.threads_target) or asked[0], int(sender_stats.net.threads_target) or asked[1],
+                int(write) or asked[2])
 
-def _busy(sender_stats: Any, receiver_stats: Dict[str, Any]) -> Tuple[float, ...]:
+
+def _busy(sender_stats: "SenderStats", receiver_stats: Optional["ReceiverStats"]) -> Tuple[float, ...]:
     """(busy r, n, w, wait r, n, w, receiver recv-stage wait) thread-seconds so far."""
-    r, n = _stage(sender_stats, "read"), _stage(sender_stats, "net")
-    w = (receiver_stats or {}).get("write", {})
-    rv = (receiver_stats or {}).get("recv", {})
-    return (r["busy_s"], n["busy_s"], w.get("busy_s", 0.0), r["wait_s"], n["wait_s"], w.get("wait_s", 0.0),
-            rv.get("wait_s", 0.0))
+    r, n = sender_stats.read, sender_stats.net
+    if receiver_stats is None:
+        return (r.busy_s, n.busy_s, 0.0, r.wait_s, n.wait_s, 0.0, 0.0)
+    w, rv = receiver_stats.write, receiver_stats.recv
+    return (r.busy_s, n.busy_s, w.busy_s, r.wait_s, n.wait_s, w.wait_s, rv.wait_s)
 
 
 def stage_times(d: Any) -> Tuple[Tuple[float, float, float], Tuple[float, float, float]]:
@@ -193,6 +212,6 @@ def stage_times(d: Any) -> Tuple[Tuple[float, float, float], Tuple[float, float,
     return busy, wait
 
 
-def _frac(buf: Dict[str, Any]) -> float:
-    cap = buf.get("capacity_bytes", 0) or 0
-    return min(1.0, max(0.0, buf.get("fill_bytes", 0) / cap)) if cap else 0.0
+def _frac(buf: Optional["BufferStats"]) -> float:
+    cap = buf.capacity_bytes if buf is not None else 0
+    return min(1.0, max(0.0, buf.fill_bytes / cap)) if buf is not None and cap else 0.0

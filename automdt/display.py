@@ -38,7 +38,7 @@ def progress_line(label: str, done: int, total: Optional[int], rate: float, thre
     fields = {
         "amount": f"{format_bytes(done)}/{format_bytes(total)}" if total else format_bytes(done),
         "rate": f"{format_bytes(rate)}/s",
-        "threads": "r/n/w %d/%d/%d" % tuple(threads),
+        "threads": "r/n/w " + "/".join(str(int(n)) for n in threads),
         "files": f"files {files}",
         "eta": _eta((total - done) / rate if rate > 0 else None) if total else "",
         "pct": f"{100.0 * min(done, total) / total:.0f}%" if total else "",

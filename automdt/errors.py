@@ -6,6 +6,9 @@ prints its message on one line and exits with its code, never with a traceback.
 """
 from __future__ import annotations
 
+import errno as _errno
+from typing import Union
+
 OK = 0
 """Success, including nothing to do."""
 ERROR = 1
@@ -64,6 +67,28 @@ def worst(codes) -> int:
         if c in codes:
             return c
     return max(codes) if codes else OK
+
+
+DESTINATION_FULL_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT})
+"""A destination out of space or over quota: no other file can succeed either (exit 7)."""
+SOURCE_GONE_ERRNOS = frozenset({0, _errno.ENOENT, _errno.ESTALE})
+"""A source file vanished or changed while read (0: the engine saw the change, no call failed)."""
+
+
+def from_oserror(err: Union[OSError, int], default: int = FILES_FAILED, *, source: bool = False) -> int:
+    """The exit code of a failed system call, classified once for both ends (rclone's ``fserrors``).
+
+    :param err: the ``OSError``, or its ``errno`` as the engine reports it in an event.
+    :param default: the code of any other failure (a file that failed on its own: 6; the
+        receiver's catch-all for a request: 1).
+    :param source: the call read a source file: one that vanished or changed is 12.
+    :return: with ``source``, 12 for a source that vanished or changed; otherwise 7 for a full
+        destination (``ENOSPC``, ``EDQUOT``); else ``default``.
+    """
+    n = err if isinstance(err, int) else err.errno
+    if source:  # reading a source never fills a disk
+        return SOURCE_CHANGED if n in SOURCE_GONE_ERRNOS else default
+    return FATAL if n in DESTINATION_FULL_ERRNOS else default
 
 
 class Interrupted(KeyboardInterrupt):

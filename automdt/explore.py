@@ -17,7 +17,6 @@ closes (``"scratch": true`` in ``open``, ``automdt/PROTOCOL.md``).
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -29,12 +28,11 @@ from typing import Any, Dict, List, Optional
 
 from automdt import errors, interrupts
 from automdt.errors import AutomdtError, Interrupted
+from automdt.interval import IntervalRecord, as_record
 from automdt.paths import SCRATCH_PREFIX as SCRATCH
 from automdt.sender import TransferOptions, parse_dest, run_transfer
 
 log = logging.getLogger(__name__)
-
-MIN_BUSY_FRACTION = 0.2
 
 
 class RandomExplorer:
@@ -53,7 +51,7 @@ class RandomExplorer:
     ``sqrt(max_threads)``) and the other stages wide open, even a fast stage limits the path and
     shows its per-thread rate, while the high counts of a sweep reach the plateau of a slow one.
     A sweep ascends because the interval after a thread *decrease* is unusable for that stage
-    (:func:`record_to_sample`): only its first interval is lost.
+    (:meth:`automdt.interval.IntervalRecord.to_sample`): only its first interval is lost.
     """
 
     name = "explore-random"
@@ -96,55 +94,10 @@ class RandomExplorer:
         return self._queue.pop(0)
 
 
-def record_to_sample(rec: Dict[str, Any], prev: Optional[Dict[str, Any]] = None,
-                     chunk_size: Optional[int] = None) -> Dict[str, Any]:
-    """A controller interval record -> a profile-fitting sample (:mod:`automdt.simulator.fit`).
-
-    The network stage is unusable for an interval in which the receiving threads spent much time
-    waiting for room in the receiver buffer: the sender's ``send()`` then blocks on a full TCP
-    window (counted busy by the sender) although the network itself is idle.
-
-    A stage is marked unusable for an interval (bytes 0) when its thread count went *down* at
-    the start of it (its exiting threads finish the chunk they hold, so the interval carries bytes
-    of more threads than it lists), or when its threads were busy less than a fifth of the time.
-    ``moved`` keeps every stage's bytes: what a stage moved is a lower bound of what it can move,
-    which is all the fit can say about a stage that never limited the path.
-
-    With ``chunk_size``, ``inflight_bytes`` estimates what the threads that started in this
-    interval (all of them in a transfer's first interval, ``prev`` None) had in progress at its
-    end: half a chunk each (:mod:`automdt.simulator.fit` explains the correction).
-    """
-    st = ("read", "net", "write")
-    busy = [rec["busy_s"][s] for s in st]
-    nbytes = [rec["bytes"][s] for s in st]
-    # While the receiving threads wait for room in the receiver buffer, the sender's send()
-    # blocks on a full TCP window and counts as busy although the network is idle: such an
-    # interval says nothing about the network's capacity.
-    if rec.get("recv_wait_s", 0.0) > MIN_BUSY_FRACTION * rec["threads"]["net"] * rec["interval_s"]:
-        nbytes[1] = 0
-    if prev is not None:
-        for i, s in enumerate(st):
-            if rec["threads"][s] < prev["threads"][s]:
-                nbytes[i] = 0
-    # A stage whose threads spent most of the interval waiting on a buffer ran at its capacity
-    # only in short bursts: its busy-time estimate is too noisy to use.
-    for i, s in enumerate(st):
-        if busy[i] < MIN_BUSY_FRACTION * rec["threads"][s] * rec["interval_s"]:
-            nbytes[i] = 0
-    sample = {
-        "t": rec["t"],
-        "threads": [rec["threads"][s] for s in st],
-        "bytes": nbytes,
-        "moved": [rec["bytes"][s] for s in st],
-        "busy_s": busy,
-        "wait_s": [rec["wait_s"][s] for s in st],
-        "interval_s": rec["interval_s"],
-        "buffer": [rec["buffer"]["sender"], rec["buffer"]["receiver"]],
-    }
-    if chunk_size:
-        started = [max(0, rec["threads"][s] - (prev["threads"][s] if prev is not None else 0)) for s in st]
-        sample["inflight_bytes"] = [k * chunk_size / 2 for k in started]
-    return sample
+def record_to_sample(rec: Any, prev: Any = None, chunk_size: Optional[int] = None) -> Dict[str, Any]:
+    """A controller interval record (an :class:`~automdt.interval.IntervalRecord`, or its JSON
+    object) -> a profile-fitting sample: :meth:`automdt.interval.IntervalRecord.to_sample`."""
+    return as_record(rec).to_sample(None if prev is None else as_record(prev), chunk_size)
 
 
 def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed: int = 0,
@@ -156,10 +109,11 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
     stood behind, :func:`weak_fit`; empty when it can).
     """
     from automdt.simulator.fit import fit_profile, stage_confidence
+    from automdt.simulator.profile import write_samples
 
     remote, where = parse_dest(dest)
     explorer = RandomExplorer(seed)
-    records: List[List[Dict[str, Any]]] = []
+    records: List[List[IntervalRecord]] = []
     t0 = time.monotonic()
     if opts.throttle_schedule is not None and opts.schedule_t0 is None:
         opts = replace(opts, schedule_t0=t0)  # every round follows the one schedule
@@ -179,13 +133,13 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
             else:
                 # the data is already there, or all of it went: copy it again into a scratch
                 # subdirectory the receiver empties first and removes when the session closes
+                assert remote is not None  # a local DEST has its scratch directory
                 target = f"{remote[0] if ':' not in remote[0] else '[' + remote[0] + ']'}:{remote[1]}/" + \
                     "/".join(x for x in (where, f"{SCRATCH}-{rounds}") if x)
                 o = replace(o, scratch=True)
             summary = run_transfer(src, target, o)
             summaries.append(summary)
-            hist = getattr(summary, "history", None) or []
-            records.append([r for r in hist])
+            records.append(list(summary.history))
             rounds += 1
             if summary.exit_code in (130, 143):
                 raise Interrupted(summary.exit_code)
@@ -198,15 +152,12 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
             with interrupts.shielded():
                 shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.monotonic() - t0
-    samples = [record_to_sample(r, rnd[j - 1] if j else None, opts.chunk_size)
-               for rnd in records for j, r in enumerate(rnd)]
+    samples = [r.to_sample(rnd[j - 1] if j else None, opts.chunk_size) for rnd in records for j, r in enumerate(rnd)]
     if len(samples) < 3:
         raise AutomdtError(f"exploration gathered only {len(samples)} intervals in {seconds:.0f} s (a profile "
                            "needs at least 10): use a larger dataset or a longer --duration", errors.WEAK_FIT)
-    if samples_path:
-        with open(samples_path, "w") as f:
-            for s in samples:
-                f.write(json.dumps(s) + "\n")
+    if samples_path:  # the format of a profile's samples file (JSONL or CSV by suffix)
+        write_samples(samples, samples_path)
     buffers = (opts.memory, opts.memory)
     profile = fit_profile(samples, interval_s=opts.interval_s, buffers=buffers, max_threads=opts.max_threads)
     # the chunk size the path was explored with: the simulator shows its chunk effects (training)

@@ -42,13 +42,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from automdt.interval import IntervalRecord
+from automdt.policy_contract import STAGES
+
 log = logging.getLogger(__name__)
 
 HISTORY_FORMAT = "automdt-history/1"
 """Value of ``format``; a file with another value is from another version and is not used."""
-
-STAGES = ("read", "net", "write")
-
 
 def state_dir() -> Path:
     """``$XDG_STATE_HOME/automdt`` (default ``~/.local/state/automdt``)."""
@@ -158,32 +158,34 @@ def save(path: Path, record: JobRecord) -> None:
         raise
 
 
-def record_from_intervals(records: Sequence[Dict[str, Any]], *, policy: str = "", max_threads: int = 32,
+def record_from_intervals(records: Sequence[Any], *, policy: str = "", max_threads: int = 32,
                           previous: Optional[JobRecord] = None, job: str = "", src: str = "",
                           dest: str = "") -> Optional[JobRecord]:
-    """Condense a run's interval records (the controller's, the ``--log`` lines) into a
-    :class:`JobRecord`; ``None`` when the run measured no full interval."""
-    recs = [r for r in records if isinstance(r, dict) and "threads" in r and "bytes" in r]
+    """Condense a run's interval records (the controller's :class:`~automdt.interval.IntervalRecord`
+    list, or the ``--log`` lines' objects) into a :class:`JobRecord`; ``None`` when the run measured
+    no full interval. Objects that are no interval record (the log's ``start`` line) are skipped."""
+    recs = [r if isinstance(r, IntervalRecord) else IntervalRecord.from_json(r) for r in records
+            if isinstance(r, IntervalRecord) or isinstance(r, dict) and "threads" in r and "bytes" in r]
     if not recs:
         return None
     window = recs[:-1] if len(recs) >= 3 else recs  # the last interval usually has the dataset draining
     window = window[len(window) // 2:]
-    triples = [tuple(int(r["threads"][s]) for s in STAGES) for r in window]
+    triples = [r.threads for r in window]
     counts = Counter(triples)
     best = max(counts.values())
     settled = next(t for t in reversed(triples) if counts[t] == best)  # ties: the latest
     rates = []
-    for s in STAGES:
-        busy = sum(float(r["busy_s"][s]) for r in window)
-        moved = sum(float(r["bytes"][s]) for r in window)
+    for i in range(len(STAGES)):
+        busy = sum(r.busy_s[i] for r in window)
+        moved = sum(float(r.bytes[i]) for r in window)
         rates.append(moved / busy if busy > 0 else 0.0)
-    tput = statistics.median(float(r["throughput"]["write"]) for r in window)
+    tput = statistics.median(r.throughput[2] for r in window)
     return JobRecord(settled=settled, rates_bps=tuple(rates), throughput_bps=float(tput),  # type: ignore[arg-type]
                      intervals=len(recs), policy=policy, max_threads=int(max_threads),
                      runs=(previous.runs + 1) if previous else 1, updated=time.time(), job=job, src=src, dest=dest)
 
 
-def update(path: Path, records: Sequence[Dict[str, Any]], *, previous: Optional[JobRecord], **kw: Any) -> Optional[str]:
+def update(path: Path, records: Sequence[Any], *, previous: Optional[JobRecord], **kw: Any) -> Optional[str]:
     """After a run: save its record (if it measured an interval). Returns a warning if the file
     could not be written (the run's result is unaffected)."""
     rec = record_from_intervals(records, previous=previous, **kw)

@@ -22,10 +22,12 @@ from typing import List, Tuple
 
 import xxhash
 
+from automdt.transfer_engine import JOURNAL_MAGIC, JOURNAL_RECORD_CHECK, JOURNAL_RECORD_FORMAT
+
 HEADER_MAGIC = b"AMDTJRN1"
 HEADER_SIZE = 64
-RECORD = struct.Struct("<4sIQQQ")
-RECORD_MAGIC = b"AMJR"
+RECORD = struct.Struct(JOURNAL_RECORD_FORMAT)  # the engine writes the records (constants.h)
+RECORD_MAGIC = JOURNAL_MAGIC
 
 
 def fingerprint(relpath: str, size: int, mtime_ns: int, chunk_size: int, source_id: str = "", digest: str = "") -> bytes:
@@ -56,7 +58,7 @@ def read_records(journal_fd: int) -> Tuple[bytes, int, List[Tuple[int, int, int]
     recs = []
     for pos in range(HEADER_SIZE, len(data) - RECORD.size + 1, RECORD.size):
         magic, length, offset, h, check = RECORD.unpack_from(data, pos)
-        if magic != RECORD_MAGIC or xxhash.xxh3_64_intdigest(data[pos:pos + 24]) != check:
+        if magic != RECORD_MAGIC or xxhash.xxh3_64_intdigest(data[pos:pos + JOURNAL_RECORD_CHECK]) != check:
             break  # torn tail: the rest is not trusted
         recs.append((offset, length, h))
     return fp, chunk_size, recs

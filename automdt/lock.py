@@ -24,7 +24,7 @@ def job_key(src: str, dest: str, shard: Optional[Tuple[int, int]] = None) -> str
     (each shard of a tree is its own job: its own lock, history and resume)."""
     ident = f"{os.path.abspath(src)}\0{dest}"
     if shard is not None:
-        ident += "\0shard=%d/%d" % tuple(shard)
+        ident += f"\0shard={int(shard[0])}/{int(shard[1])}"
     return hashlib.sha256(ident.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 

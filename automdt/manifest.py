@@ -38,13 +38,6 @@ class FileEntry:
     """``dev:inode`` of the source file: part of the resume fingerprint, so a partial left by a
     file that has since been replaced (a new inode) is never resumed."""
 
-    def wire(self) -> dict:
-        d = {"id": self.id, "path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "mode": self.mode,
-             "source_id": self.source_id}
-        if self.digest is not None:
-            d["digest"] = self.digest
-        return d
-
 
 @dataclass
 class Manifest:
@@ -96,24 +89,13 @@ def scan(src: str) -> Manifest:
         raise AutomdtError(f"{src}: permission denied", errors.FILES_FAILED) from None
     except OSError as e:
         raise AutomdtError(f"{src}: {_why(e)}", errors.FILES_FAILED) from None
-    files: List[FileEntry] = []
-    dirs: List[str] = []
-    skipped: List[Tuple[str, str]] = []
-    unreadable: List[Tuple[str, str, int]] = []
     if stat.S_ISREG(st.st_mode):
-        name = os.path.basename(os.path.abspath(src))
-        if st.st_size == 0:
-            err = _empty_file_readable(src)
-            if err is not None:
-                raise AutomdtError(f"{src}: {_why(err)}", errors.FILES_FAILED)
-        files.append(FileEntry(0, name, os.path.abspath(src), st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode) & 0o777,
-                               source_id=f"{st.st_dev}:{st.st_ino}"))
-        return Manifest(files, dirs, skipped, unreadable)
+        return _scan_single_file(src, st)
     if not stat.S_ISDIR(st.st_mode):
         raise AutomdtError(f"{src}: not a regular file or directory", errors.USAGE)
 
-    root = os.path.abspath(src)
-    stack = [("", root)]
+    m = Manifest([], [], [], [])
+    stack = [("", os.path.abspath(src))]
     unlisted: set = set()
     while stack:
         rel, path = stack.pop()
@@ -123,40 +105,57 @@ def scan(src: str) -> Manifest:
         except OSError as e:
             if not rel:
                 raise AutomdtError(f"{src}: cannot list the source directory: {_why(e)}", errors.FILES_FAILED) from None
-            unreadable.append((rel, f"cannot list directory: {_why(e)}; nothing in it was transferred",
-                               _unreadable_code(e)))
+            m.unreadable.append((rel, f"cannot list directory: {_why(e)}; nothing in it was transferred",
+                                 _unreadable_code(e)))
             unlisted.add(rel)  # not created empty on the destination either
             continue
-        subdirs = []
-        for e in entries:
-            name = rel + "/" + e.name if rel else e.name
-            try:
-                est = e.stat(follow_symlinks=False)
-            except OSError as ex:
-                why = "vanished during the scan" if ex.errno == errno.ENOENT else f"cannot stat: {_why(ex)}"
-                unreadable.append((name, why, _unreadable_code(ex)))
-                continue
-            if stat.S_ISLNK(est.st_mode):
-                skipped.append((name, "symlink (not followed)"))
-            elif stat.S_ISDIR(est.st_mode):
-                dirs.append(name)
-                subdirs.append((name, e.path))
-            elif stat.S_ISREG(est.st_mode):
-                if est.st_size == 0:
-                    err = _empty_file_readable(e.path)
-                    if err is not None:
-                        unreadable.append((name, f"cannot read: {_why(err)}", _unreadable_code(err)))
-                        continue
-                files.append(FileEntry(len(files), name, e.path, est.st_size, est.st_mtime_ns,
-                                       stat.S_IMODE(est.st_mode) & 0o777, source_id=f"{est.st_dev}:{est.st_ino}"))
-            else:
-                skipped.append((name, "special file"))
-        stack.extend(reversed(subdirs))
-    for name, why in skipped:
+        stack.extend(reversed(_scan_entries(rel, entries, m)))
+    for name, why in m.skipped:
         log.warning("skipping %s: %s", name, why)
     if unlisted:
-        dirs = [d for d in dirs if d not in unlisted]
-    return Manifest(files, dirs, skipped, unreadable)
+        m.dirs = [d for d in m.dirs if d not in unlisted]
+    return m
+
+
+def _scan_single_file(src: str, st: os.stat_result) -> Manifest:
+    """The manifest of a source that is one regular file."""
+    if st.st_size == 0:
+        err = _empty_file_readable(src)
+        if err is not None:
+            raise AutomdtError(f"{src}: {_why(err)}", errors.FILES_FAILED)
+    entry = FileEntry(0, os.path.basename(os.path.abspath(src)), os.path.abspath(src), st.st_size, st.st_mtime_ns,
+                      stat.S_IMODE(st.st_mode) & 0o777, source_id=f"{st.st_dev}:{st.st_ino}")
+    return Manifest([entry], [], [], [])
+
+
+def _scan_entries(rel: str, entries: List[os.DirEntry], m: Manifest) -> List[Tuple[str, str]]:
+    """Sort the entries of the listed directory ``rel`` into ``m``; return its subdirectories as
+    (relative name, path), in name order."""
+    subdirs = []
+    for e in entries:
+        name = rel + "/" + e.name if rel else e.name
+        try:
+            est = e.stat(follow_symlinks=False)
+        except OSError as ex:
+            why = "vanished during the scan" if ex.errno == errno.ENOENT else f"cannot stat: {_why(ex)}"
+            m.unreadable.append((name, why, _unreadable_code(ex)))
+            continue
+        if stat.S_ISLNK(est.st_mode):
+            m.skipped.append((name, "symlink (not followed)"))
+        elif stat.S_ISDIR(est.st_mode):
+            m.dirs.append(name)
+            subdirs.append((name, e.path))
+        elif stat.S_ISREG(est.st_mode):
+            if est.st_size == 0:
+                err = _empty_file_readable(e.path)
+                if err is not None:
+                    m.unreadable.append((name, f"cannot read: {_why(err)}", _unreadable_code(err)))
+                    continue
+            m.files.append(FileEntry(len(m.files), name, e.path, est.st_size, est.st_mtime_ns,
+                                     stat.S_IMODE(est.st_mode) & 0o777, source_id=f"{est.st_dev}:{est.st_ino}"))
+        else:
+            m.skipped.append((name, "special file"))
+    return subdirs
 
 
 def file_digest(path: str, block: int = 4 << 20) -> str:
@@ -219,7 +218,7 @@ def shard_manifest(manifest: Manifest, index: int, count: int) -> Manifest:
     if count == 1:
         return manifest
     which = shard_of(manifest.files, count)
-    files = []
+    files: List[FileEntry] = []
     for f, s in zip(manifest.files, which):
         if s == index:
             f.id = len(files)

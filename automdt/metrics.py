@@ -124,7 +124,8 @@ class ReceiverMetrics:
     def _take(self, s: Any) -> Optional[Any]:
         """Add what ``s`` counted since the last look; returns its engine stats (or None)."""
         last: Dict[str, int] = s.__dict__.setdefault("_metrics_last", {})
-        now = {"files": int(getattr(s, "files_completed", 0)), "missing": int(getattr(s, "chunks_missing", 0))}
+        acct = s.accounting  # an automdt.session.Accounting
+        now = {"files": acct.files_completed, "missing": acct.chunks_missing}
         st = None
         if s.engine is not None:
             try:

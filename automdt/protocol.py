@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import os
 import time
-from typing import Any, Dict, Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 import zmq
 
@@ -30,6 +32,11 @@ from automdt.errors import AutomdtError
 
 VERSION = 1
 MAX_MESSAGE_BYTES = 16 << 20
+DEFAULT_CHUNK_SIZE = 4 << 20
+"""The chunk size an ``open`` without one asks for."""
+FSYNC_MODES = ("none", "file", "dir")
+MAX_DIGEST_PATHS = 1000
+"""Paths one ``digest`` request may ask for (the rest of a longer list is ignored)."""
 
 
 class ProtocolError(ValueError):
@@ -50,6 +57,381 @@ def decode(data: bytes) -> Dict[str, Any]:
     if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
         raise ProtocolError("not a message object with a type")
     return msg
+
+
+# ---------------------------------------------------------------------------- typed messages
+# One small class per message type. ``to_dict`` builds exactly the JSON object the wire carries
+# (keys in field order after ``type``; a field marked ``_omit(x)`` is left out while it is ``x``),
+# so the bytes are those the untyped code sent; ``from_dict`` reads one leniently, with the
+# defaults and conversions the receiver always applied (a value of the wrong type raises
+# ``ValueError``/``TypeError``, which the receiver answers as a bad request).
+
+M = TypeVar("M", bound="Message")
+
+
+def _omit(when: Any = None, default: Any = None) -> Any:
+    """A field left out of the wire object while its value is ``when`` (``None`` or ``False``)."""
+    return field(default=default, metadata={"omit": when})
+
+
+@dataclass
+class Message:
+    TYPE: ClassVar[str] = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {"type": self.TYPE}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if "omit" in f.metadata and v is f.metadata["omit"]:
+                continue
+            d[f.name] = v
+        return d
+
+    def encode(self) -> bytes:
+        return encode(self.to_dict())
+
+    @classmethod
+    def from_dict(cls: Type[M], d: Dict[str, Any]) -> M:
+        return cls()
+
+
+@dataclass
+class Request(Message):
+    """A message the sender sends; ``REPLY`` is the type of the receiver's answer."""
+
+    REPLY: ClassVar[Type[Message]] = Message
+
+
+# ---- replies (receiver -> sender)
+@dataclass
+class Challenge(Message):
+    TYPE = "challenge"
+    nonce: str = ""
+    auth: bool = False
+    """The receiver requires the shared secret."""
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(str(d.get("nonce", "")), bool(d.get("auth")))
+
+
+@dataclass
+class Welcome(Message):
+    TYPE = "welcome"
+    mac: Optional[str] = _omit()
+    """With a secret: the receiver's proof of it."""
+    token: Optional[str] = _omit()
+    """Without a secret (loopback only): the data connections' token, hex."""
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(str(d["mac"]) if "mac" in d else None, str(d["token"]) if "token" in d else None)
+
+
+@dataclass
+class Opened(Message):
+    TYPE = "opened"
+    data_port: int = 0
+    chunk_size: int = 0
+    memory: int = 0
+    max_threads: int = 0
+    encrypted: bool = False
+    runtime_throttle: bool = False
+    """The receiver applies ``poll {write_throttle}`` (throttle schedules)."""
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(int(d["data_port"]), int(d["chunk_size"]), int(d.get("memory", 0)), int(d.get("max_threads", 0)),
+                   bool(d.get("encrypted")), bool(d.get("runtime_throttle")))
+
+
+@dataclass
+class Plan(Message):
+    TYPE = "plan"
+    files: List[Tuple[int, str]] = field(default_factory=list)
+    """``(file id, "skip" | "done" | "send" | "fail")`` per manifest entry."""
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls([(int(fid), str(action)) for fid, action in d["files"]])
+
+
+@dataclass
+class Activated(Message):
+    TYPE = "activated"
+    files: List[Tuple[int, str, List[List[int]]]] = field(default_factory=list)
+    """``(file id, "send" | "done" | "fail", [[offset, length], ...] to send)``."""
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls([(int(fid), str(action), ranges) for fid, action, ranges in d["files"]])
+
+
+@dataclass
+class Status(Message):
+    TYPE = "status"
+    stats: Dict[str, Any] = field(default_factory=dict)
+    """The receiver engine's counters."""
+    done: List[int] = field(default_factory=list)
+    """Files renamed into place since the last poll."""
+    bad: List[List[int]] = field(default_factory=list)
+    """``[file id, offset, length]`` of chunks that failed their checksum (to send again)."""
+    errors: List[List[Any]] = field(default_factory=list)
+    """``[file id, exit code, message]`` of files that failed on the receiver."""
+    fatal: Optional[List[Any]] = None
+    """``[exit code, message]``: the transfer cannot go on (a full destination)."""
+    now: float = 0.0
+    """The receiver's ``time.monotonic()``."""
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(d.get("stats") or {}, d.get("done", []), d.get("bad", []), d.get("errors", []),
+                   d.get("fatal") or None, float(d.get("now", 0.0)))
+
+
+@dataclass
+class MissingRanges(Message):
+    TYPE = "missing"
+    files: Dict[str, List[List[int]]] = field(default_factory=dict)
+    """``{str(file id): [[offset, length], ...]}``: chunks the receiver does not have."""
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(d.get("files", {}))
+
+
+@dataclass
+class Ok(Message):
+    TYPE = "ok"
+
+
+@dataclass
+class Digests(Message):
+    TYPE = "digests"
+    digests: Dict[str, Optional[str]] = field(default_factory=dict)
+    """Content digest (:mod:`automdt.verify`) per path; None: missing or not a regular file."""
+    unreadable: Dict[str, str] = field(default_factory=dict)
+    """Paths present but not readable, with why."""
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(d.get("digests", {}), d.get("unreadable") or {})
+
+
+@dataclass
+class Closed(Message):
+    TYPE = "closed"
+
+
+@dataclass
+class Error(Message):
+    TYPE = "error"
+    code: int = errors.ERROR
+    """The exit code the sender ends with."""
+    message: str = ""
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(int(d.get("code", errors.ERROR)), str(d.get("message", "error")))
+
+
+# ---- requests (sender -> receiver)
+@dataclass
+class Hello(Request):
+    TYPE = "hello"
+    REPLY = Challenge
+    version: Any = VERSION
+    nonce: str = ""
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(d.get("version"), str(d.get("nonce", "")))
+
+
+@dataclass
+class Auth(Request):
+    TYPE = "auth"
+    REPLY = Welcome
+    mac: Optional[str] = _omit()
+    """``HMAC(secret, "client|" + server_nonce + "|" + client_nonce)``; none without a secret."""
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(str(d["mac"]) if "mac" in d else None)
+
+
+@dataclass
+class Open(Request):
+    TYPE = "open"
+    REPLY = Opened
+    subdir: Any = ""
+    """Destination subdirectory under the receiver's root (checked by :func:`automdt.paths.check_relpath`)."""
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    memory: Optional[int] = None
+    """Receiver staging buffer, bytes (None: the receiver's maximum)."""
+    write_threads: int = 1
+    checksum: bool = False
+    fsync: str = "none"
+    write_throttle: Tuple[float, float] = (0, 0)
+    """``(thread_bps, total_bps)`` of the write stage, 0 = unlimited (read as whole numbers)."""
+    dry_run: bool = False
+    encrypt: bool = False
+    scratch: bool = _omit(False, False)
+    """The subdirectory is ``explore``'s scratch: emptied on open, removed on close."""
+    rcvbuf: Optional[int] = _omit()
+    """``SO_RCVBUF`` of the data connections (None: the kernel's)."""
+
+    @classmethod
+    def from_dict(cls, d):
+        wt = d.get("write_throttle") or [0, 0]
+        return cls(subdir=d.get("subdir") or "", chunk_size=int(d.get("chunk_size", DEFAULT_CHUNK_SIZE)),
+                   memory=int(d["memory"]) if "memory" in d else None,
+                   write_threads=int(d.get("write_threads", 1)), checksum=bool(d.get("checksum", False)),
+                   fsync=d.get("fsync", "none") if d.get("fsync") in FSYNC_MODES else "none",
+                   write_throttle=(int(wt[0]), int(wt[1])), dry_run=bool(d.get("dry_run", False)),
+                   encrypt=d.get("encrypt") is True, scratch=d.get("scratch") is True,
+                   rcvbuf=int(d["rcvbuf"]) if "rcvbuf" in d else None)
+
+
+@dataclass
+class ManifestEntry:
+    """One file of a ``manifest``: its relative path and what identifies its version."""
+
+    id: int
+    path: str
+    size: int
+    mtime_ns: int
+    mode: int = 0o644
+    source_id: str = ""
+    """``dev:inode`` of the source (a replaced file is a new version)."""
+    digest: Optional[str] = None
+    """Content digest (``--checksum``)."""
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = {"id": self.id, "path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "mode": self.mode,
+             "source_id": self.source_id}
+        if self.digest is not None:
+            d["digest"] = self.digest
+        return d
+
+    @classmethod
+    def from_dict(cls, e: Dict[str, Any]) -> "ManifestEntry":
+        """Raises ``KeyError``, ``TypeError`` or ``ValueError`` for a malformed entry (the path
+        is not checked here: :func:`automdt.paths.check_relpath` does that)."""
+        digest = e.get("digest")
+        return cls(int(e["id"]), e["path"], int(e["size"]), int(e["mtime_ns"]), int(e.get("mode", 0o644)),
+                   str(e.get("source_id", ""))[:64], digest if isinstance(digest, str) else None)
+
+
+@dataclass
+class Manifest(Request):
+    TYPE = "manifest"
+    REPLY = Plan
+    files: List[Any] = field(default_factory=list)
+    """:class:`ManifestEntry` objects (wire entries when decoded: the receiver reads them one by one
+    with :meth:`ManifestEntry.from_dict` as it plans, so a malformed one stops the plan there)."""
+    dirs: List[Any] = field(default_factory=list)
+    """Directories to create, parents first."""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"type": self.TYPE, "files": [e.to_dict() if isinstance(e, ManifestEntry) else e for e in self.files],
+                "dirs": self.dirs}
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(d.get("files", []), d.get("dirs", []))
+
+
+def _ids(d: Dict[str, Any]) -> List[int]:
+    return [int(x) for x in d.get("ids", [])]
+
+
+@dataclass
+class _FilesRequest(Request):
+    """A request about some files of the plan."""
+
+    ids: List[int] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(_ids(d))
+
+
+@dataclass
+class Activate(_FilesRequest):
+    """Open these files' partials (resuming) and register them with the engine."""
+
+    TYPE = "activate"
+    REPLY = Activated
+
+
+@dataclass
+class Poll(Request):
+    TYPE = "poll"
+    REPLY = Status
+    write_threads: Optional[int] = _omit()
+    """A new write-thread count (sent when it changes)."""
+    write_throttle: Optional[Tuple[int, int]] = _omit()
+    """New write limits ``(thread_bps, total_bps)`` (a throttle schedule's entry became due)."""
+
+    @classmethod
+    def from_dict(cls, d):
+        wt = d.get("write_throttle")
+        if wt is not None:
+            t, total = (int(x) for x in wt)
+            wt = (t, total)
+        return cls(int(d["write_threads"]) if d.get("write_threads") is not None else None, wt)
+
+
+@dataclass
+class Missing(_FilesRequest):
+    """Which chunks of these active files are missing (lost with a broken connection)?"""
+
+    TYPE = "missing"
+    REPLY = MissingRanges
+
+
+@dataclass
+class Fail(Request):
+    TYPE = "fail"
+    REPLY = Ok
+    ids: List[int] = field(default_factory=list)
+    discard: bool = _omit(False, False)
+    """The source is gone or unreadable: remove the partials too (else they stay for a later run)."""
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(_ids(d), d.get("discard") is True)
+
+
+@dataclass
+class Digest(Request):
+    TYPE = "digest"
+    REPLY = Digests
+    paths: List[Any] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(d.get("paths", [])[:MAX_DIGEST_PATHS])
+
+
+@dataclass
+class Close(Request):
+    TYPE = "close"
+    REPLY = Closed
+
+
+REQUESTS: Dict[str, Type[Request]] = {c.TYPE: c for c in (Hello, Auth, Open, Manifest, Activate, Poll, Missing,
+                                                            Fail, Digest, Close)}
+"""Request classes by ``type``."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, or ``localhost``) is on this machine's loopback."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def nonce() -> str:
@@ -131,7 +513,7 @@ def probe_mechanism(host: str, port: int, timeout_s: float) -> Optional[str]:
                 if not d:
                     break
                 buf += d
-        except (socket.timeout, ConnectionResetError):
+        except (TimeoutError, ConnectionResetError):
             pass
     if len(buf) < 32 or buf[0] != 0xFF or buf[9] != 0x7F:
         return None
@@ -206,9 +588,14 @@ class ControlClient:
                 "the secret differs between the two ends"
             raise HandshakeFailed(f"receiver {self.endpoint[6:]}: control-channel handshake failed: {why}", mismatch)
 
-    def request(self, msg: Dict[str, Any], timeout_s: Optional[float] = None) -> Dict[str, Any]:
+    def call(self, req: Request, timeout_s: Optional[float] = None) -> Any:
+        """Send a typed request; return its typed reply (``req.REPLY``)."""
+        return req.REPLY.from_dict(self.request(req, timeout_s))
+
+    def request(self, msg: Union[Message, Dict[str, Any]], timeout_s: Optional[float] = None) -> Dict[str, Any]:
+        """Send ``msg`` (a :class:`Message` or its wire object); return the reply's wire object."""
         self.seq += 1
-        msg = dict(msg, seq=self.seq)
+        msg = dict(msg.to_dict() if isinstance(msg, Message) else msg, seq=self.seq)
         self.sock.send(encode(msg))
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         poller = zmq.Poller()
@@ -229,8 +616,9 @@ class ControlClient:
             reply = decode(self.sock.recv())
             if reply.get("seq") != self.seq:
                 continue
-            if reply["type"] == "error":
-                raise AutomdtError(f"receiver: {reply.get('message', 'error')}", int(reply.get("code", errors.ERROR)))
+            if reply["type"] == Error.TYPE:
+                err = Error.from_dict(reply)
+                raise AutomdtError(f"receiver: {err.message}", err.code)
             return reply
 
     def close(self) -> None:

@@ -8,7 +8,6 @@ a bounded window, re-queues chunks the receiver found corrupt or missing, lets t
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
@@ -16,26 +15,57 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import zmq
 
 from automdt import errors, interrupts, protocol
+from automdt.agents.static import StaticPolicy
 from automdt.controller import Controller
 from automdt.errors import AutomdtError, Interrupted
+from automdt.interval import IntervalRecord
 from automdt.manifest import Manifest, file_digest, scan, shard_manifest
+
+if TYPE_CHECKING:
+    from automdt.transfer_engine import ReceiverStats
 
 log = logging.getLogger(__name__)
 
 MANIFEST_BATCH = 2000
+"""Files per ``manifest`` request (and directories per one)."""
 ACTIVATE_BATCH = 256
+"""Files per ``activate`` request."""
+DIGEST_BATCH = 500
+"""Files per ``digest`` request of ``--verify``."""
+DIGEST_TIMEOUT_S = 300.0
+"""Least reply timeout of a ``digest`` request (the receiver reads every file it names)."""
+HANDSHAKE_TIMEOUT_S = 10.0
+"""Most time the probe and the hello may take (a live receiver answers at once)."""
+CLOSE_TIMEOUT_S = 5.0
+"""Reply timeout of the ``close`` at shutdown."""
+LOOP_PAUSE_FIRST_S = 0.002
+LOOP_PAUSE_MAX_S = 0.02
+LOOP_PAUSE_GROWTH = 0.1
+"""The control loop pauses 2 ms at first, growing by 0.1 s per second of loop to 20 ms within
+0.2 s: a small transfer ends (and the next run starts) without waiting out full pauses."""
+SWEEP_QUIET_S = 0.3
+"""Both ends idle this long with files incomplete: ask the receiver which chunks are missing."""
+MAX_SWEEPS_PER_FILE = 20
+"""Sweeps that find chunks of one file missing before the run ends (exit 5; a re-run resumes)."""
+SUMMARY_ERRORS_MAX = 100
+"""Error lines the summary keeps (the log file gets every one)."""
+SUMMARY_PATHS_MAX = 1000
+"""Paths a summary list keeps (``dry_run_files``, ``differences``, ``unreadable``)."""
+LOCAL_MIN_MEMORY = 1 << 20
+"""Least staging buffer of the receiver a local transfer embeds."""
 
 
 @dataclass
 class TransferOptions:
     """Options of one transfer (the CLI builds this from its flags).
 
-    :param policy: a :class:`~automdt.agents.base.Policy`; ``None`` means static ``threads``.
+    :param policy: a :class:`~automdt.policy_contract.Policy`; ``None`` means static ``threads``
+        (:class:`automdt.agents.static.StaticPolicy`).
     :param threads: initial/static (read, net, write) thread counts.
     :param memory: bytes per staging buffer (sender and receiver each).
     :param chunk_size: bytes per chunk.
@@ -137,10 +167,10 @@ class Summary:
     unreadable: Optional[List[str]] = None
     """With ``--verify``: ``unreadable: path (source|destination): why`` lines."""
     dry_run_files: Optional[List[str]] = None
-    """With ``--dry-run``: the files that would be sent (first 1000)."""
+    """With ``--dry-run``: the files that would be sent (the first ``SUMMARY_PATHS_MAX``)."""
     shard: Optional[str] = None
     """With ``--shard``: ``"I/N"`` (the file counts are this shard's)."""
-    history: List[Dict[str, Any]] = field(default_factory=list, repr=False)
+    history: List[IntervalRecord] = field(default_factory=list, repr=False)
     """The controller's interval records (not part of the JSON summary)."""
     retryable: bool = field(default=True, repr=False)
     """A network failure worth retrying (not part of the JSON summary)."""
@@ -157,20 +187,6 @@ class Summary:
         d["bytes_per_second"] = round(self.bytes / self.seconds, 1) if self.seconds > 0 else 0.0
         d["seconds"] = round(self.seconds, 3)
         return d
-
-
-class _StaticPolicy:
-    """Fixed thread counts (the ``--threads`` default when no policy is given)."""
-
-    def __init__(self, triple):
-        self.triple = tuple(triple)
-        self.name = "static:%d,%d,%d" % self.triple
-
-    def reset(self, max_threads, seed=None):
-        return self.triple
-
-    def act(self, obs):
-        return self.triple
 
 
 _REMOTE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})(/.*)?$")
@@ -250,7 +266,7 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
     summary.bytes, summary.chunks_resent, summary.attempts = moved, resent, attempt + 1
     summary.seconds = time.monotonic() - t0
     if opts.shard is not None:
-        summary.shard = "%d/%d" % opts.shard
+        summary.shard = "{}/{}".format(*opts.shard)
     return summary
 
 
@@ -266,7 +282,7 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
         # nothing exists yet: everything would be sent, and nothing is created
         summary = Summary(files_total=len(manifest.files), bytes_total=manifest.total_bytes,
                           bytes_to_send=manifest.total_bytes, entries_skipped=len(manifest.skipped),
-                          dry_run_files=[f.path for f in manifest.files][:1000])
+                          dry_run_files=[f.path for f in manifest.files][:SUMMARY_PATHS_MAX])
         summary.exit_code = errors.worst(_scan_errors(manifest, summary))
         summary.seconds = time.monotonic() - t_start
         return summary
@@ -282,7 +298,7 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
             raise AutomdtError(f"{where}: cannot create destination: {e.strerror}", errors.DIR_NOT_FOUND) from None
         secret = os.urandom(32)
         server = ReceiverServer(where, "127.0.0.1", 0, secret=secret, max_threads=max(64, opts.max_threads),
-                                max_memory=max(opts.memory, 1 << 20), encrypt=opts.encrypt).start()
+                                max_memory=max(opts.memory, LOCAL_MIN_MEMORY), encrypt=opts.encrypt).start()
         host, port, subdir = "127.0.0.1", server.port, ""
     else:
         (host, port), subdir = remote, where
@@ -297,6 +313,10 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
 
 
 class _Transfer:
+    """One attempt of a transfer: handshake, plan, then the control loop (:meth:`_transfer`) until
+    every planned file is complete or failed. Every attribute is set here; the handshake and the
+    loop fill them in."""
+
     def __init__(self, manifest: Manifest, host: str, port: int, subdir: str, secret: Optional[bytes],
                  opts: TransferOptions, t_start: float):
         self.m = manifest
@@ -307,36 +327,66 @@ class _Transfer:
         self.summary = Summary(files_total=len(manifest.files), bytes_total=manifest.total_bytes,
                                entries_skipped=len(manifest.skipped))
         self.codes: List[int] = _scan_errors(manifest, self.summary)
-        self.retries: Dict[Tuple[int, int], int] = {}
-        self.active: Dict[int, float] = {}
+        # what the handshake agreed (see _handshake)
+        self.opened = False
+        """The receiver opened a session (closed again at shutdown)."""
+        self.token = b""
+        """The data connections' token."""
+        self.tls_key: Optional[bytes] = None
+        self.data_host, self.data_port = host, 0
+        self.chunk_size = opts.chunk_size
+        """The chunk size the receiver accepted."""
+        self.policy: Any = None
+        # files
         self.pending: Deque[int] = deque()
+        """Planned files not yet activated (manifest indices)."""
+        self.active: Dict[int, float] = {}
+        """Files open on the receiver and fed to the engine, with when they were activated."""
+        self.retries: Dict[Tuple[int, int], int] = {}
+        """Checksum failures per ``(file, offset)`` chunk."""
         self.sweeps: Dict[int, int] = {}
-        self.engine = None
-        self.receiver_stats: Dict[str, Any] = {}
+        """Sweeps that found chunks of a file missing."""
+        # the engine and its control
+        self.engine: Any = None
+        self.controller: Optional[Controller] = None
+        self.receiver_stats: Optional[ReceiverStats] = None
+        """The receiver's counters from its last ``status`` reply (None before the first)."""
+        self.receiver_max_threads: Optional[int] = None
+        """The receiver clamps write threads to this (its ``--max-threads``, from ``opened``)."""
         self.write_threads_sent: Optional[int] = None
         self.want_write: Optional[int] = None
-        self.clock = None
-        self.limits = {k: tuple(v) for k, v in (opts.throttle or {}).items()}
+        self.clock: Any = None
+        """A :class:`automdt.throttle.ScheduleClock` with ``--throttle @FILE``, else None."""
+        self.limits: Dict[str, Tuple[float, float]] = {k: _pair(v) for k, v in (opts.throttle or {}).items()}
         if opts.throttle_schedule is not None:
             from automdt.throttle import ScheduleClock
 
             self.clock = ScheduleClock(opts.throttle_schedule, opts.schedule_t0 or t_start)
             self.limits = self.clock.current()[1]
-        self.write_limit_sent = tuple(self.limits.get("write", (0, 0)))
+        self.write_limit_sent = _pair(self.limits.get("write", (0, 0)))
         self.want_write_limit = self.write_limit_sent
+        # progress of the control loop (see _watch)
+        self.loop_start = 0.0
+        self.last_written = -1
+        """The receiver's written bytes at the last change."""
+        self.last_progress = 0.0
+        """When they last changed (the stall clock)."""
+        self.quiet_since: Optional[float] = None
+        """Since when the sender has nothing in flight and the receiver nothing buffered."""
+        # the control channel, last (nothing above may fail with it open); run() closes it
+        self.ctx = zmq.Context()
+        self.ctl = protocol.ControlClient(self.ctx, host, port, timeout_s=opts.timeout_s,
+                                          curve_secret=secret if opts.encrypt else None)
 
     # ------------------------------------------------------------------ helpers
     def fail(self, code: int, message: str) -> None:
         self.codes.append(code)
-        if len(self.summary.errors) < 100:
+        if len(self.summary.errors) < SUMMARY_ERRORS_MAX:
             self.summary.errors.append(message)
         # the summary's errors are printed once at the end; the --log-file gets them as they happen
         log.info("%s", message)
 
     def run(self) -> Summary:
-        ctx = zmq.Context()
-        self.ctl = protocol.ControlClient(ctx, self.host, self.port, timeout_s=self.o.timeout_s,
-                                          curve_secret=self.secret if self.o.encrypt else None)
         log_file = None
         try:
             try:
@@ -364,9 +414,9 @@ class _Transfer:
                 if log_file:
                     log_file.close()
                 self.ctl.close()
-                ctx.term()
+                self.ctx.term()
         self.summary.seconds = time.monotonic() - self.t_start
-        if getattr(self, "controller", None) is not None:
+        if self.controller is not None:
             self.summary.history = self.controller.history
             self.summary.start = (self.controller.start_record or {}).get("start")
         code = interrupts.pending()
@@ -378,8 +428,8 @@ class _Transfer:
         if self.engine is not None:
             self.engine.close()
         try:
-            if getattr(self, "opened", False):
-                self.ctl.request({"type": "close"}, timeout_s=5)
+            if self.opened:
+                self.ctl.call(protocol.Close(), timeout_s=CLOSE_TIMEOUT_S)
         except AutomdtError:
             pass
 
@@ -387,10 +437,11 @@ class _Transfer:
         """Fail at once when nothing listens at the receiver's address (ZeroMQ would retry the
         connection silently until the hello times out). A refused connection on loopback is not
         retried: no receiver runs on this machine."""
+        timeout_s = min(self.o.timeout_s, HANDSHAKE_TIMEOUT_S)
         try:
-            mech = protocol.probe_mechanism(self.host, self.port, min(self.o.timeout_s, 10))
+            mech = protocol.probe_mechanism(self.host, self.port, timeout_s)
         except OSError as e:
-            if isinstance(e, ConnectionRefusedError) and _is_loopback(self.host):
+            if isinstance(e, ConnectionRefusedError) and protocol.is_loopback(self.host):
                 self.summary.retryable = False
             why = "connection refused" if isinstance(e, ConnectionRefusedError) else \
                 "no answer" if isinstance(e, socket.timeout) else (e.strerror or str(e)).lower()
@@ -398,7 +449,7 @@ class _Transfer:
                                "running there?)", errors.NETWORK) from None
         if mech is None:  # a live receiver's I/O thread answers at once, however busy it is
             raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (it accepted the connection but sent "
-                               f"no greeting within {min(self.o.timeout_s, 10):.0f} s: stopped, or not an automdt "
+                               f"no greeting within {timeout_s:.0f} s: stopped, or not an automdt "
                                "receiver)", errors.NETWORK)
         if mech in ("NULL", "CURVE") and (mech == "CURVE") != self.o.encrypt:
             why = "it does not use --encrypt (this sender does)" if self.o.encrypt else \
@@ -409,8 +460,7 @@ class _Transfer:
         self._probe()
         cn = protocol.nonce()
         try:
-            ch = self.ctl.request({"type": "hello", "version": protocol.VERSION, "nonce": cn},
-                                  timeout_s=min(self.o.timeout_s, 10))
+            ch = self.ctl.call(protocol.Hello(protocol.VERSION, cn), timeout_s=min(self.o.timeout_s, HANDSHAKE_TIMEOUT_S))
         except protocol.HandshakeFailed as e:
             if e.mismatch:
                 why = "it does not use --encrypt (this sender does)" if self.o.encrypt else \
@@ -425,45 +475,40 @@ class _Transfer:
                 raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (no answer to hello: {why})",
                                    errors.NETWORK) from None
             raise
-        sn = str(ch.get("nonce", ""))
-        if ch.get("auth") and not self.secret:
+        sn = ch.nonce
+        if ch.auth and not self.secret:
             raise AutomdtError(f"receiver {self.host}:{self.port} requires a shared secret (--secret-file)", errors.FATAL)
-        if self.secret and not ch.get("auth"):
+        if self.secret and not ch.auth:
             raise AutomdtError(f"receiver {self.host}:{self.port} does not authenticate; refusing to send with --secret-file", errors.FATAL)
-        req = {"type": "auth"}
-        if self.secret:
-            req["mac"] = protocol.mac(self.secret, "client", sn, cn)
-        w = self.ctl.request(req)
+        w = self.ctl.call(protocol.Auth(protocol.mac(self.secret, "client", sn, cn) if self.secret else None))
         self.ctl.stop_monitor()
         if self.secret:
             import hmac as _hmac
 
-            if not _hmac.compare_digest(str(w.get("mac", "")), protocol.mac(self.secret, "server", cn, sn)):
+            if not _hmac.compare_digest(w.mac or "", protocol.mac(self.secret, "server", cn, sn)):
                 raise AutomdtError(f"receiver {self.host}:{self.port} failed to prove the shared secret", errors.FATAL)
             self.token = protocol.data_token(self.secret, sn, cn)
         else:
-            self.token = bytes.fromhex(str(w.get("token", "")))
-        policy = self.o.policy or _StaticPolicy(self.o.threads)
-        self.policy = policy
-        r = self.ctl.request({
-            "type": "open", "subdir": self.subdir, "chunk_size": self.o.chunk_size, "memory": self.o.memory,
-            "write_threads": self.o.threads[2], "checksum": self.o.checksum, "fsync": self.o.fsync,
-            "write_throttle": list(self.write_limit_sent), "dry_run": self.o.dry_run,
-            "encrypt": self.o.encrypt, **({"scratch": True} if self.o.scratch else {}),
-        })
-        if bool(r.get("encrypted")) != self.o.encrypt:
+            self.token = bytes.fromhex(w.token or "")
+        self.policy = self.o.policy or StaticPolicy(*self.o.threads)
+        r = self.ctl.call(protocol.Open(
+            subdir=self.subdir, chunk_size=self.o.chunk_size, memory=self.o.memory, write_threads=self.o.threads[2],
+            checksum=self.o.checksum, fsync=self.o.fsync, write_throttle=self.write_limit_sent,
+            dry_run=self.o.dry_run, encrypt=self.o.encrypt, scratch=self.o.scratch))
+        if r.encrypted != self.o.encrypt:
             raise AutomdtError(f"receiver {self.host}:{self.port} does not support encryption", errors.FATAL)
         if (self.clock is not None and self.o.throttle_schedule.limits_stage("write")
-                and not r.get("runtime_throttle")):
+                and not r.runtime_throttle):
             raise AutomdtError(f"receiver {self.host}:{self.port} cannot change write limits during a run "
                                "(an older version); the throttle schedule limits the write stage", errors.USAGE)
-        self.tls_key = protocol.data_key(self.secret, sn, cn) if self.o.encrypt else None
+        self.tls_key = protocol.data_key(self.secret, sn, cn) if self.o.encrypt and self.secret else None
         self.summary.encrypted = self.o.encrypt
         self.opened = True
-        self.data_host, self.data_port = self.host, int(r["data_port"])
+        self.data_host, self.data_port = self.host, r.data_port
         if self.o.data_endpoint_hook is not None:
             self.data_host, self.data_port = self.o.data_endpoint_hook(self.host, self.data_port)
-        self.chunk_size = int(r["chunk_size"])
+        self.chunk_size = r.chunk_size
+        self.receiver_max_threads = r.max_threads or None
 
     def _plan(self) -> None:
         files = self.m.files
@@ -476,11 +521,11 @@ class _Transfer:
                     log.warning("%s: cannot checksum: %s", f.path, e.strerror)
         dirs = self.m.dirs
         for i in range(0, len(dirs), MANIFEST_BATCH):  # directories first, in batches (parents first)
-            self.ctl.request({"type": "manifest", "files": [], "dirs": dirs[i:i + MANIFEST_BATCH]})
+            self.ctl.call(protocol.Manifest([], dirs[i:i + MANIFEST_BATCH]))
         for i in range(0, len(files), MANIFEST_BATCH):
             batch = files[i:i + MANIFEST_BATCH]
-            reply = self.ctl.request({"type": "manifest", "files": [f.wire() for f in batch], "dirs": []})
-            for fid, action in reply["files"]:
+            plan = self.ctl.call(protocol.Manifest([_entry(f) for f in batch], []))
+            for fid, action in plan.files:
                 f = files[fid]
                 if action == "skip":
                     self.summary.files_skipped += 1
@@ -491,7 +536,6 @@ class _Transfer:
                     self.summary.bytes_to_send += f.size
                 else:
                     self.summary.files_failed += 1
-            self._take_errors(reply.get("errors"))
 
     def _verify(self) -> None:
         """Compare content digests of every source file with the destination's; what either side
@@ -502,8 +546,8 @@ class _Transfer:
         dst: Dict[str, Optional[str]] = {}
         unreadable = [f"unreadable: {p} (source): {why}" for p, why, _ in self.m.unreadable]
         files = self.m.files
-        for i in range(0, len(files), 500):
-            batch = files[i:i + 500]
+        for i in range(0, len(files), DIGEST_BATCH):
+            batch = files[i:i + DIGEST_BATCH]
             ask = []
             for f in batch:
                 try:
@@ -513,58 +557,35 @@ class _Transfer:
                     unreadable.append(f"unreadable: {f.path} (source): {(e.strerror or str(e)).lower()}")
             if not ask:
                 continue
-            r = self.ctl.request({"type": "digest", "paths": ask}, timeout_s=max(self.o.timeout_s, 300))
-            dst.update(r.get("digests", {}))
-            for p, why in (r.get("unreadable") or {}).items():
+            r = self.ctl.call(protocol.Digest(ask), timeout_s=max(self.o.timeout_s, DIGEST_TIMEOUT_S))
+            dst.update(r.digests)
+            for p, why in r.unreadable.items():
                 if p in src:
                     del src[p]
                     unreadable.append(f"unreadable: {p} (destination): {why}")
         diffs = compare(src, dst)
         self.summary.verified = len(src) - len(diffs)
-        self.summary.differences = diffs[:1000]
-        self.summary.unreadable = unreadable[:1000]
+        self.summary.differences = diffs[:SUMMARY_PATHS_MAX]
+        self.summary.unreadable = unreadable[:SUMMARY_PATHS_MAX]
         if diffs:
             self.fail(errors.INTEGRITY, f"verify: {len(diffs)} of {len(files)} files differ ({diffs[0]}...)")
         if unreadable:
             self.fail(errors.FILES_FAILED, f"verify: {len(unreadable)} entries could not be read ({unreadable[0]}...)")
 
-    def _take_errors(self, errs) -> None:
-        for fid, code, msg in errs or []:
-            self.fail(int(code), msg)
-
     # ----------------------------------------------------------------- the loop
     def _transfer(self, log_file) -> None:
+        """Send the planned files: one turn of the loop follows the throttle schedule, activates
+        files into the window, polls the receiver, handles the engine's events, watches for
+        stalls and lost chunks, and lets the controller set the thread counts."""
         if self.o.dry_run:
             self.summary.files_transferred = 0
-            self.summary.dry_run_files = [self.m.files[i].path for i in self.pending][:1000]
+            self.summary.dry_run_files = [self.m.files[i].path for i in self.pending][:SUMMARY_PATHS_MAX]
             return
         if not self.pending:
             return
-        from automdt.transfer_engine import Sender
-
-        if self.clock is not None:
-            spec, self.limits = self.clock.mark_applied()
-            self.want_write_limit = tuple(self.limits["write"])
-        th = self.limits
-        self.engine = Sender(self.data_host, self.data_port, self.token, self.chunk_size, self.o.memory,
-                             max_threads=max(self.o.max_threads, 1),
-                             read_throttle=_ints(th.get("read", (0, 0))), net_throttle=_ints(th.get("net", (0, 0))),
-                             sndbuf=self.o.sndbuf, fault_corrupt=self.o.fault_corrupt, tls_key=self.tls_key)
-
-        def apply(t):
-            self.engine.set_threads(t[0], t[1])
-            self.want_write = t[2]
-
-        ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file,
-                                            **self._start())
-        if self.clock is not None or any(any(v) for v in self.limits.values()):
-            from automdt.throttle import format_throttle
-
-            ctrl.annotations["throttle"] = format_throttle(self.limits)
-        ctrl.start()
-        loop_start = last_progress = time.monotonic()
-        last_written = -1
-        quiet_since: Optional[float] = None
+        self._start_engine()
+        ctrl = self._start_controller(log_file)
+        self.loop_start = self.last_progress = time.monotonic()
         deadline = self.t_start + self.o.max_duration_s if self.o.max_duration_s else None
         while self.pending or self.active:
             now = time.monotonic()
@@ -577,28 +598,70 @@ class _Transfer:
             self._poll()
             self._engine_events()
             st = self.engine.stats()
-            written = self.receiver_stats.get("write", {}).get("bytes", 0)
-            if written != last_written:
-                last_written, last_progress, quiet_since = written, now, None
-            # Sweep: the sender has handed everything to the kernel and the receiver is drained,
-            # yet files are incomplete: ask which chunks are missing and send them again.
-            rbuf = self.receiver_stats.get("buffer", {})
-            if self.active and st.chunks_pending == 0 and rbuf.get("fill_bytes", 1) == 0:
-                quiet_since = quiet_since or now
-                if now - quiet_since > 0.3:
-                    self._sweep()
-                    quiet_since = None
-            if now - last_progress > self.o.stall_s:
-                raise AutomdtError(f"no progress for {self.o.stall_s:.0f} s (receiver {self.host}:{self.port}); re-run to resume", errors.NETWORK)
+            written = self._watch(st, now)
             ctrl.tick(st, self.receiver_stats, now)
-            self.summary.bytes = written
-            self.summary.threads = dict(zip(("read", "net", "write"), ctrl.threads))
-            if self.o.progress:
-                self.o.progress(self.summary, ctrl)
-            # poll every 2 ms at first, easing to every 20 ms within 0.2 s: a small transfer ends
-            # (and the next run starts) without waiting out fixed 20 ms pauses
-            time.sleep(min(0.02, 0.002 + 0.1 * (now - loop_start)))
+            self._report(ctrl, written)
+            time.sleep(self._pause(now))
         ctrl.tick(self.engine.stats(), self.receiver_stats, time.monotonic(), final=True)  # the last, partial interval
+
+    def _start_engine(self) -> None:
+        """The sender engine, connected to the receiver's data port with the limits in force."""
+        from automdt.transfer_engine import Sender
+
+        if self.clock is not None:
+            spec, self.limits = self.clock.mark_applied()
+            self.want_write_limit = _pair(self.limits["write"])
+        th = self.limits
+        self.engine = Sender(self.data_host, self.data_port, self.token, self.chunk_size, self.o.memory,
+                             max_threads=max(self.o.max_threads, 1),
+                             read_throttle=_ints(th.get("read", (0, 0))), net_throttle=_ints(th.get("net", (0, 0))),
+                             sndbuf=self.o.sndbuf, fault_corrupt=self.o.fault_corrupt, tls_key=self.tls_key)
+
+    def _start_controller(self, log_file) -> Controller:
+        """The controller: read and network counts go to the engine, the write count to the next poll."""
+
+        def apply(t):
+            self.engine.set_threads(t[0], t[1])
+            self.want_write = t[2]
+
+        ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file,
+                                            write_max=self.receiver_max_threads, **self._start())
+        if self.clock is not None or any(any(v) for v in self.limits.values()):
+            from automdt.throttle import format_throttle
+
+            ctrl.annotations["throttle"] = format_throttle(self.limits)
+        ctrl.start()
+        return ctrl
+
+    def _watch(self, st, now: float) -> int:
+        """Track the receiver's written bytes (returned); sweep for lost chunks when both ends are
+        idle, abort (exit 5) when nothing was written for ``stall_s``."""
+        rx = self.receiver_stats
+        written = rx.write.bytes if rx is not None else 0
+        if written != self.last_written:
+            self.last_written, self.last_progress, self.quiet_since = written, now, None
+        # Sweep: the sender has handed everything to the kernel and the receiver is drained,
+        # yet files are incomplete: ask which chunks are missing and send them again.
+        if self.active and st.chunks_pending == 0 and rx is not None and rx.buffer.fill_bytes == 0:
+            self.quiet_since = self.quiet_since or now
+            if now - self.quiet_since > SWEEP_QUIET_S:
+                self._sweep()
+                self.quiet_since = None
+        if now - self.last_progress > self.o.stall_s:
+            raise AutomdtError(f"no progress for {self.o.stall_s:.0f} s (receiver {self.host}:{self.port}); re-run to resume", errors.NETWORK)
+        return written
+
+    def _report(self, ctrl: Controller, written: int) -> None:
+        """The summary so far, and the progress display."""
+        self.summary.bytes = written
+        self.summary.threads = dict(zip(("read", "net", "write"), ctrl.threads))
+        if self.o.progress:
+            self.o.progress(self.summary, ctrl)
+
+    def _pause(self, now: float) -> float:
+        """The pause before the next turn: short at first, so that a small transfer ends (and the
+        next run starts) without waiting out full pauses."""
+        return min(LOOP_PAUSE_MAX_S, LOOP_PAUSE_FIRST_S + LOOP_PAUSE_GROWTH * (now - self.loop_start))
 
     def _start(self) -> Dict[str, Any]:
         """The controller's ``start`` and ``bound`` (:mod:`automdt.start`): the dataset bound counts
@@ -621,7 +684,7 @@ class _Transfer:
             if tuple(limits[stage]) != tuple(self.limits.get(stage, (0, 0))):
                 t, total = _ints(limits[stage])
                 self.engine.set_throttle(stage, t, total)
-        self.want_write_limit = tuple(limits["write"])
+        self.want_write_limit = _pair(limits["write"])
         self.limits = limits
         from automdt.throttle import format_throttle
 
@@ -629,12 +692,13 @@ class _Transfer:
         log.info("throttle schedule at %.1f s: %s", self.clock.elapsed(now), spec or "(no limits)")
 
     def _activate(self) -> None:
+        """Open pending files on the receiver while the window has room; feed them to the engine."""
         room = self.o.window_files - len(self.active)
         if room <= 0 or not self.pending:
             return
         ids = [self.pending.popleft() for _ in range(min(room, ACTIVATE_BATCH, len(self.pending)))]
-        reply = self.ctl.request({"type": "activate", "ids": ids})
-        for fid, action, ranges in reply["files"]:
+        reply = self.ctl.call(protocol.Activate(ids))
+        for fid, action, ranges in reply.files:
             f = self.m.files[fid]
             if action == "done":
                 self.summary.files_transferred += 1
@@ -642,7 +706,7 @@ class _Transfer:
                 try:
                     self.engine.add_file(fid, f.abspath, f.size, f.mtime_ns, [tuple(r) for r in ranges])
                 except OSError as e:
-                    self._source_failed(fid, source_error_code(e.errno), f"{f.path}: {(e.strerror or str(e)).lower()}")
+                    self._source_failed(fid, errors.from_oserror(e, source=True), f"{f.path}: {(e.strerror or str(e)).lower()}")
                     continue
                 except ValueError as e:
                     self._source_failed(fid, errors.SOURCE_CHANGED, f"{f.path}: {e}")
@@ -652,19 +716,23 @@ class _Transfer:
                 self.summary.files_failed += 1
 
     def _poll(self) -> None:
-        msg: Dict[str, Any] = {"type": "poll"}
+        """Send a changed write count or write limit; take the receiver's counters, completed
+        files, bad chunks (re-sent, up to ``chunk_retries`` each) and errors."""
+        req = protocol.Poll()
         if self.want_write is not None and self.want_write != self.write_threads_sent:
-            msg["write_threads"] = self.want_write
+            req.write_threads = self.want_write
             self.write_threads_sent = self.want_write
         if self.want_write_limit != self.write_limit_sent:
-            msg["write_throttle"] = [int(self.want_write_limit[0]), int(self.want_write_limit[1])]
+            req.write_throttle = _ints(self.want_write_limit)
             self.write_limit_sent = self.want_write_limit
-        r = self.ctl.request(msg)
-        self.receiver_stats = r.get("stats") or {}
-        for fid in r.get("done", []):
+        from automdt.transfer_engine import ReceiverStats
+
+        r = self.ctl.call(req)
+        self.receiver_stats = ReceiverStats.from_json(r.stats) if r.stats else None
+        for fid in r.done:
             if self.active.pop(fid, None) is not None:
                 self.summary.files_transferred += 1
-        for fid, off, ln in r.get("bad", []):
+        for fid, off, ln in r.bad:
             key = (fid, off)
             self.retries[key] = self.retries.get(key, 0) + 1
             if fid not in self.active:
@@ -677,13 +745,13 @@ class _Transfer:
                 continue
             self.summary.chunks_resent += 1
             self.engine.requeue(fid, off, ln)
-        for fid, code, msg_ in r.get("errors", []):
+        for fid, code, text in r.errors:
             if fid in self.active:
-                self._receiver_failed(fid, int(code), msg_, tell=False)
+                self._receiver_failed(fid, int(code), text, tell=False)
             else:
-                self.fail(int(code), msg_)
-        if r.get("fatal"):
-            code, text = r["fatal"]
+                self.fail(int(code), text)
+        if r.fatal:
+            code, text = r.fatal
             raise AutomdtError(text, int(code))
 
     def _engine_events(self) -> None:
@@ -691,7 +759,7 @@ class _Transfer:
             if ev[0] == "file_error":
                 fid = ev[1]
                 f = self.m.files[fid]
-                self._source_failed(fid, source_error_code(ev[2]), f"{f.path}: {ev[3]}")
+                self._source_failed(fid, errors.from_oserror(ev[2], source=True), f"{f.path}: {ev[3]}")
             elif ev[0] == "conn_error":
                 log.warning("data connection: %s", ev[2])
 
@@ -712,17 +780,19 @@ class _Transfer:
         self.summary.files_failed += 1
         self.fail(code, message)
         if tell:
-            self.ctl.request({"type": "fail", "ids": [fid], **({"discard": True} if discard else {})})
+            self.ctl.call(protocol.Fail([fid], discard))
 
     def _sweep(self) -> None:
+        """Ask the receiver which chunks of the active files it lacks (lost with a broken
+        connection) and queue them again; a file that keeps losing chunks ends the run (exit 5)."""
         ids = list(self.active)
-        r = self.ctl.request({"type": "missing", "ids": ids})
-        for sid, ranges in r.get("files", {}).items():
+        r = self.ctl.call(protocol.Missing(ids))
+        for sid, ranges in r.files.items():
             fid = int(sid)
             if not ranges or fid not in self.active:
                 continue
             self.sweeps[fid] = self.sweeps.get(fid, 0) + 1
-            if self.sweeps[fid] > 20:
+            if self.sweeps[fid] > MAX_SWEEPS_PER_FILE:
                 raise AutomdtError(f"{self.m.files[fid].path}: chunks keep getting lost on the way; re-run to resume", errors.NETWORK)
             cs = self.chunk_size
             for off, ln in ranges:
@@ -730,28 +800,18 @@ class _Transfer:
                     self.engine.requeue(fid, o, min(cs, off + ln - o))
 
 
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-def source_error_code(err: int) -> int:
-    """Exit code of a source file that failed with ``errno`` ``err`` while being read: a file that
-    vanished or changed (0: no system call failed) is 12, one that cannot be read is 6."""
-    return errors.SOURCE_CHANGED if err in (0, errno.ENOENT, errno.ESTALE) else errors.FILES_FAILED
+def _entry(f) -> protocol.ManifestEntry:
+    """The manifest entry of a source :class:`automdt.manifest.FileEntry`."""
+    return protocol.ManifestEntry(f.id, f.path, f.size, f.mtime_ns, f.mode, f.source_id, f.digest)
 
 
 def _scan_errors(manifest: Manifest, summary: Summary) -> List[int]:
     """Put what the scan could not read into ``summary`` (count and errors); return their codes."""
     summary.entries_unreadable = len(manifest.unreadable)
-    for path, why, code in manifest.unreadable[:100]:
+    for path, why, _code in manifest.unreadable[:SUMMARY_ERRORS_MAX]:
         summary.errors.append(f"{path}: {why}")
-    if len(manifest.unreadable) > 100:
-        summary.errors.append(f"... and {len(manifest.unreadable) - 100} more unreadable source entries")
+    if len(manifest.unreadable) > SUMMARY_ERRORS_MAX:
+        summary.errors.append(f"... and {len(manifest.unreadable) - SUMMARY_ERRORS_MAX} more unreadable source entries")
     return [code for _, _, code in manifest.unreadable]
 
 
@@ -767,3 +827,8 @@ def _open_log(path: Optional[str]):
 
 def _ints(pair) -> Tuple[int, int]:
     return int(pair[0]), int(pair[1])
+
+
+def _pair(limits) -> Tuple[float, float]:
+    """A stage's ``(thread_bps, total_bps)`` as given (a schedule's lists, the CLI's tuples)."""
+    return limits[0], limits[1]

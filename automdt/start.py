@@ -26,8 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from automdt.agents.base import clamp_triple
-from automdt.simulator.types import Triple
+from automdt.policy_contract import Triple, clamp_triple
 
 SOURCES = ("threads", "history", "profile", "cold", "policy")
 

@@ -673,8 +673,8 @@ def section_datasets(b: Bench) -> Dict[str, Any]:
         say(f"  peer {name} unavailable: {why}")
     threads = ["2,2,2", "2,4,2", "4,4,4"]
     chunks = ["1Mi", "4Mi"]
-    say(f"  tmpfs to tmpfs on loopback; Gbit/s = dataset bytes / wall time of the whole command "
-        f"(automdt: also in-process time, from its --json 'seconds')")
+    say("  tmpfs to tmpfs on loopback; Gbit/s = dataset bytes / wall time of the whole command "
+        "(automdt: also in-process time, from its --json 'seconds')")
     try:
         for dname in ("large", "small"):
             ds = b.data.get(dname)

@@ -31,7 +31,11 @@ import shutil
 import socket
 import subprocess
 import uuid
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
+
+from automdt.experiments.netns import netns_available
+
+__all__ = ["NetnsPair", "netns_available", "rate_bits", "reap_stale"]
 
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)?$", re.I)
 
@@ -50,16 +54,6 @@ def _run(argv: Sequence[str], check: bool = True, timeout: float = 20) -> subpro
     if check and p.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: exit {p.returncode}: {p.stderr.strip() or p.stdout.strip()}")
     return p
-
-
-def netns_available() -> Tuple[bool, str]:
-    """(True, '') if this process can create namespaces, veths and tc qdiscs, else (False, reason)."""
-    if os.geteuid() != 0:
-        return False, "not root (network namespaces need CAP_NET_ADMIN)"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return False, f"'{tool}' not found (Debian package iproute2)"
-    return True, ""
 
 
 def reap_stale(prefix: str = "amdt") -> List[str]:

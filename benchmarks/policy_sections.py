@@ -33,7 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 MB = 1_000_000
 MiB = 1 << 20
@@ -271,8 +271,8 @@ def section_sim(ctx: Any) -> Dict[str, Any]:
             f"{'met' if meta['fraction_of_oracle'] >= 0.95 and wall < 60 else 'NOT met'}")
 
     out["behaviour"] = {}
-    say(f"  in the simulator (engine chunk effects on, 2% noise), 40 intervals, starts (1,1,1), (2,2,2), (4,4,4), "
-        f"the policy's own, 2 seeds each:")
+    say("  in the simulator (engine chunk effects on, 2% noise), 40 intervals, starts (1,1,1), (2,2,2), (4,4,4), "
+        "the policy's own, 2 seeds each:")
     for name, path in sim_paths().items():
         runs = []
         for start in [(1, 1, 1), (2, 2, 2), (4, 4, 4), None]:

@@ -27,7 +27,7 @@ import numpy as np
 
 from automdt.experiments.parity import MB, MiB, PathSpec
 from automdt.simulator.profile import STAGES
-from automdt.simulator.types import Triple
+from automdt.policy_contract import Triple
 
 THRESHOLD = 0.9
 """Share of the achievable rate that counts as "at capacity"."""

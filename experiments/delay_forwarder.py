@@ -42,7 +42,6 @@ import asyncio
 import collections
 import signal
 import socket
-import statistics
 import sys
 import threading
 import time

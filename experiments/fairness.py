@@ -30,26 +30,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 from automdt.experiments import metrics as M
 from automdt.experiments import plots
+from automdt.experiments.netns import netns_available
 from automdt.experiments.runner import RunDir, Scratch, git_info, ppo_default_info
 from automdt.experiments.scenarios import MB, large_dataset
 
 FAIR_POLICIES = ("falcon", "marlin", "ppo")
 LINK_BPS = 40 * MB
 PORT = 5000
-
-
-def netns_available() -> Tuple[bool, str]:
-    """Whether this process may create network namespaces, veth pairs and tbf qdiscs."""
-    if os.geteuid() != 0:
-        return False, "needs root (network namespaces, veth, tc)"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return False, f"`{tool}` not found"
-    return True, ""
 
 
 def _sh(*cmd: str, check: bool = True, timeout: float = 20.0) -> subprocess.CompletedProcess:

@@ -25,25 +25,27 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-STAGES = ("read", "net", "write")
+from automdt.interval import as_record
+from automdt.policy_contract import STAGES
 
 
-def flatten(rec: Dict[str, Any]) -> Dict[str, Any]:
-    """One controller record -> one flat CSV row."""
-    row: Dict[str, Any] = {"t": rec["t"], "interval_s": rec.get("interval_s")}
-    for s in STAGES:
-        row[f"threads_{s}"] = rec["threads"][s]
-    for s in STAGES:
-        row[f"next_{s}"] = rec.get("next_threads", rec["threads"])[s]
-    for s in STAGES:
-        row[f"tput_{s}"] = rec["throughput"][s]
-    row["buf_sender"] = rec["buffer"]["sender"]
-    row["buf_receiver"] = rec["buffer"]["receiver"]
-    row["cpu"] = rec.get("cpu")
-    row["loss"] = rec.get("loss")
+def flatten(rec: Any) -> Dict[str, Any]:
+    """One controller record (an :class:`~automdt.interval.IntervalRecord`, or its JSON object as
+    the sender processes of the experiments write it) -> one flat CSV row."""
+    r = as_record(rec)
+    row: Dict[str, Any] = {"t": r.t, "interval_s": r.interval_s}
+    for s, v in zip(STAGES, r.threads):
+        row[f"threads_{s}"] = v
+    for s, v in zip(STAGES, r.next_threads or r.threads):
+        row[f"next_{s}"] = v
+    for s, v in zip(STAGES, r.throughput):
+        row[f"tput_{s}"] = v
+    row["buf_sender"], row["buf_receiver"] = r.buffer
+    row["cpu"] = r.cpu
+    row["loss"] = r.loss
     for key in ("bytes", "busy_s", "wait_s"):
-        for s in STAGES:
-            row[f"{key}_{s}"] = (rec.get(key) or {}).get(s)
+        for s, v in zip(STAGES, getattr(r, key)):
+            row[f"{key}_{s}"] = v
     return row
 
 

@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from automdt.simulator.profile import STAGES, Profile, StageProfile
-from automdt.simulator.types import Observation, Triple
+from automdt.policy_contract import Observation, Triple
 
 MB = 1_000_000
 MiB = 1 << 20

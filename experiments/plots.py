@@ -47,7 +47,6 @@ def timeseries_grid(path: str, title: str, runs: Sequence[Any], achievable_bps: 
     n = max(1, len(runs))
     fig, axes = _subplots(n, 2, (11, 2.1 * n + 0.8), sharex=True)
     for i, r in enumerate(runs):
-        t = _col(r.rows, "t")
         ax_t, ax_x = axes[i]
         _threads_and_rates(ax_t, ax_x, r.rows)
         for s, opt in zip(("read", "net", "write"), optimum):

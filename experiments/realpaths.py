@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from automdt.experiments.fairness import SharedLink, _sh
+from automdt.experiments.netns import netns_available
 from automdt.experiments.scenarios import MB, Dataset, large_dataset
 
 PREFIX = "amdt-i13-"
@@ -94,11 +95,7 @@ class RealScenario:
     def requirements(self) -> Tuple[bool, str]:
         """(True, "") if this machine and user can build the path, else (False, why)."""
         if self.kind == "net":
-            if os.geteuid() != 0:
-                return False, "needs root (network namespaces, veth, tc)"
-            for tool in ("ip", "tc"):
-                if shutil.which(tool) is None:
-                    return False, f"`{tool}` not found (Debian package iproute2)"
+            return netns_available()
         if self.kind == "cpu":
             if os.geteuid() != 0:
                 return False, "needs root (cgroup v1 cpu controller)"

@@ -228,7 +228,7 @@ def main(argv=None) -> int:
 
             summary = run_transfer(cfg["src"], target, replace(opts, max_duration_s=max(left, opts.interval_s)))
             out_rounds.append({"wall_t0": seen.get("ctrl_t0"), "summary": summary.as_dict(),
-                               "history": summary.history})
+                               "history": [r.to_json() for r in summary.history]})
             if rounds and cfg.get("dest_local_root"):
                 shutil.rmtree(os.path.join(cfg["dest_local_root"], f"round{k}"), ignore_errors=True)
             k += 1

@@ -40,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 PY = sys.executable
 MiB = 1 << 20
@@ -90,7 +89,8 @@ class Net:
     experiment's :class:`automdt.experiments.fairness.SharedLink`)."""
 
     def __init__(self, rate_mbps: float):
-        from automdt.experiments.fairness import SharedLink, netns_available
+        from automdt.experiments.fairness import SharedLink
+        from automdt.experiments.netns import netns_available
 
         self.use_ns = rate_mbps > 0 and netns_available()[0]
         self.link = SharedLink(rate_mbps * 1e6, prefix="amdt-i14-ld") if self.use_ns else None

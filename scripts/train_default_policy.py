@@ -20,8 +20,6 @@ settling), prints the tables and records them in the metadata sidecar under ``he
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -88,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
 
-    from automdt.agents.ppo import PPOPolicy
+    from automdt.agents.ppo import PPOPolicy, policy_metadata, write_policy_metadata
     from automdt.agents.training import bottleneck_profiles, evaluate, train
     from automdt.simulator.profile import Profile
 
@@ -114,15 +112,11 @@ def main(argv: list[str] | None = None) -> int:
 
     behaviour = behaviour_table(policy)
 
-    meta_path = rep.metadata_path
-    meta = json.loads(meta_path.read_text())
+    meta = policy_metadata(rep.model_path)
     meta["held_out"] = {"profiles": "automdt.agents.training.bottleneck_profiles()", "steps": 60, "results": held_out}
     meta["behaviour"] = behaviour
     meta["command"] = "scripts/train_default_policy.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    tmp = meta_path.with_name(meta_path.name + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, meta_path)
+    meta_path = write_policy_metadata(rep.model_path, meta)
     print(f"\nwrote {rep.model_path} ({rep.model_path.stat().st_size // 1024} KiB), {meta_path.name}, "
           f"{rep.curve_csv.name}, {rep.curve_png.name} in {time.perf_counter() - t0:.0f} s")
     return 0

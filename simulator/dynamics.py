@@ -568,6 +568,7 @@ class SimCore:
         * *drain*: random threads, the sender buffer 70-100% full and the receiver's uniform: a
           full buffer that the chosen threads may drain (an upstream stage that was ahead).
         """
+        assert self.start_cdf is not None, "a mixed start needs start_mix"
         mode = np.searchsorted(self.start_cdf, u[:, U_LAYOUT["start_mode"]][:, 0], side="right")
         ut = u[:, U_LAYOUT["start_threads"]]
         uf = u[:, U_LAYOUT["start_fill"]]
@@ -612,10 +613,12 @@ class SimCore:
         f = self.factors[env_ids, idx]  # (m,3)
         dt = self.interval_s
         tptf, bwf = self.tpt[sel] * f, self.bw[sel] * f
-        usl = (None, None) if self.sigma is None else (self.sigma[sel], self.kappa[sel])
+        usl = (None, None) if self.sigma is None or self.kappa is None else (self.sigma[sel], self.kappa[sel])
         cap = capacity_array(self.tpt[sel], self.bw[sel], threads.astype(np.float64), self.model, *usl) * f
         busy_model = self.model if self.sigma is None else "usl"  # contention: the capacity spread evenly
         smax, rmax = self.smax[sel], self.rmax[sel]
+        inflight: np.ndarray | None
+        kbusy: np.ndarray | None
         if self.chunked:
             S, R, moved, busy, wait, tput, fill_obs, inflight, kbusy = self._advance_chunked(
                 sel, threads, first, cap, tptf, bwf, self.zdraw[env_ids, idx], busy_model)
@@ -710,7 +713,7 @@ class SimCore:
     def _scale(self, rows: np.ndarray | None) -> np.ndarray:
         """The reward normalisation of ``rows``: each env's achievable rate (the weakest stage's peak)."""
         sel = slice(None) if rows is None else rows
-        usl = (None, None) if self.sigma is None else (self.sigma[sel], self.kappa[sel])
+        usl = (None, None) if self.sigma is None or self.kappa is None else (self.sigma[sel], self.kappa[sel])
         return peak_capacity_array(self.tpt[sel], self.bw[sel], self.max_threads, self.model, *usl).min(axis=1)
 
     def _apply_changes(self) -> None:

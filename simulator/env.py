@@ -286,7 +286,7 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
         c = self._core
         from automdt.simulator.profile import StageProfile
 
-        usl = [(0.0, 0.0)] * 3 if c.sigma is None else [(float(c.sigma[0, i]), float(c.kappa[0, i])) for i in range(3)]
+        usl = [(0.0, 0.0)] * 3 if c.sigma is None or c.kappa is None else [(float(c.sigma[0, i]), float(c.kappa[0, i])) for i in range(3)]
         st = [StageProfile(float(c.tpt[0, i]), float(c.bw[0, i]), contention=usl[i][0], coherency=usl[i][1])
               for i in range(3)]
         return Profile(read=st[0], net=st[1], write=st[2], sender_buffer=int(round(c.smax[0])),

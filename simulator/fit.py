@@ -51,7 +51,7 @@ has a chunk in progress at its end that it was busy on but whose bytes count in 
 interval; a thread that ran through the boundary brought as many bytes in as it takes out. So an
 interval after a rise from ``n0`` to ``n`` threads under-reads the per-thread rate by about
 ``(n - n0) * chunk / 2`` bytes (on the real engine 5-12% at 1 MiB chunks and 5 MB/s threads).
-``inflight_bytes`` (:func:`automdt.explore.record_to_sample` fills it in) is added back for the
+``inflight_bytes`` (:meth:`automdt.interval.IntervalRecord.to_sample` fills it in) is added back for the
 medians of per-thread rates over linear samples in steps 2 and 4 only: on a plateau a stage's
 total does not grow with threads, so the top-rate fallback and the capacities of steps 1 and 3
 use the bytes as counted.
@@ -450,7 +450,7 @@ def _usl_fit(n: np.ndarray, cap: np.ndarray, base: StageProfile, max_threads: in
     loglin = np.log(lin)
     sse0 = ((y - loglin) ** 2).sum(axis=2)  # (T, B)
     j0 = np.unravel_index(int(np.argmin(sse0)), sse0.shape)
-    best = (np.inf, None)
+    best: tuple[float, tuple[float, float, float, float] | None] = (np.inf, None)
     for sig in CONTENTION_GRID:
         den = np.log(1.0 + sig * (n[None, :] - 1.0) + COHERENCY_GRID[:, None] * n[None, :] * (n[None, :] - 1.0))
         # (K, T, B, m): y - (log lin - log den)

@@ -170,7 +170,7 @@ def add_features(enc: np.ndarray, features: Sequence[str], max_threads: int,
     if not features:
         return enc
     check_features(features)
-    level = None
+    level = np.zeros_like(enc[..., :1])  # (..., 1): the noise level, read only by the stateful features
     if any(f in _STATEFUL for f in features):
         if state is None:
             raise ValueError(f"the features {[f for f in features if f in _STATEFUL]} need a FeatureState")
@@ -277,8 +277,7 @@ class FrameStack:
         self.stacked = np.roll(self.stacked, -w, axis=-1)
         out: Dict[int, np.ndarray] = {}
         if dones is not None:
-            for i in np.flatnonzero(dones):
-                i = int(i)
+            for i in np.flatnonzero(dones).tolist():
                 if terminal is not None and i in terminal:
                     out[i] = np.concatenate((self.stacked[i, :-w], np.asarray(terminal[i], dtype=np.float32)))
                 self.stacked[i] = 0.0

@@ -135,7 +135,7 @@ class StageProfile:
         return d
 
 
-def capacity_array(tpt: np.ndarray, bandwidth: np.ndarray, n: np.ndarray, model: str = "min",
+def capacity_array(tpt: np.ndarray | float, bandwidth: np.ndarray | float, n: np.ndarray | float, model: str = "min",
                    contention: np.ndarray | None = None, coherency: np.ndarray | None = None) -> np.ndarray:
     """Vectorised stage capacity in bytes/s for thread counts ``n`` (broadcasting).
 
@@ -279,7 +279,7 @@ class Profile:
         return (np.array([s.contention for s in self.stages], dtype=np.float64),
                 np.array([s.coherency for s in self.stages], dtype=np.float64))
 
-    def capacities(self, threads: Sequence[int]) -> np.ndarray:
+    def capacities(self, threads: Sequence[int] | np.ndarray) -> np.ndarray:
         """Capacities (bytes/s) of the three stages for a thread triple."""
         return capacity_array(self.tpt_array(), self.bandwidth_array(), np.asarray(threads, dtype=np.float64),
                               self.capacity_model, *self.contention_arrays())

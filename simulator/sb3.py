@@ -18,17 +18,26 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+from gymnasium import spaces
 
 try:
-    from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
+    from stable_baselines3.common.vec_env.base_vec_env import (
+        VecEnv,
+        VecEnvIndices,
+        VecEnvStepReturn,
+        VecEnvWrapper,
+    )
 except ImportError as e:  # pragma: no cover - exercised only without SB3
     raise ImportError(
         "automdt.simulator.sb3 needs stable-baselines3; run `pip install stable-baselines3==2.9.2`"
     ) from e
 
+from automdt.simulator.contract import feature_dim
+from automdt.simulator.env import make_observation_space
+from automdt.simulator.pipeline import PolicyInput
 from automdt.simulator.vector import BatchedBufferSim
 
-__all__ = ["BatchedSimVecEnv"]
+__all__ = ["BatchedSimVecEnv", "PolicyInputVecEnv", "policy_observation_space"]
 
 
 class BatchedSimVecEnv(VecEnv):
@@ -69,7 +78,7 @@ class BatchedSimVecEnv(VecEnv):
         seed: Any = None if all(s is None for s in seeds) else list(seeds)
         options = self._options[0] if self._options and self._options[0] else None
         obs, _ = self.sim.reset(seed=seed, options=options)
-        self.reset_infos = [{} for _ in range(self.num_envs)]
+        self.reset_infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         self._reset_seeds()
         self._reset_options()
         return obs
@@ -89,7 +98,7 @@ class BatchedSimVecEnv(VecEnv):
                 out[i][key] = vals[i]
         if dones.any():
             final = infos["final_obs"]
-            for i in np.flatnonzero(dones):
+            for i in np.flatnonzero(dones).tolist():
                 out[i]["terminal_observation"] = final[i]
                 out[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
         return obs, reward.astype(np.float32), dones, out
@@ -136,3 +145,43 @@ class BatchedSimVecEnv(VecEnv):
         if isinstance(indices, int):
             return [indices]
         return indices
+
+
+def policy_observation_space(features: Sequence[str] = (), frame_stack: int = 1) -> spaces.Box:
+    """The network's observation space: one frame is the simulator's encoding followed by the
+    derived ``features``; with ``frame_stack`` > 1 that many frames side by side, oldest first (as
+    :class:`automdt.simulator.pipeline.FrameStack`). It does not depend on the profile."""
+    obs = make_observation_space()
+    extra = feature_dim(features)
+    if extra:
+        obs = spaces.Box(low=np.concatenate([obs.low, np.zeros(extra, np.float32)]),
+                         high=np.concatenate([obs.high, np.ones(extra, np.float32)]), dtype=obs.dtype)
+    if frame_stack > 1:
+        obs = spaces.Box(low=np.tile(obs.low, frame_stack), high=np.tile(obs.high, frame_stack), dtype=obs.dtype)
+    return obs
+
+
+class PolicyInputVecEnv(VecEnvWrapper):
+    """The simulator's encodings through :class:`automdt.simulator.pipeline.PolicyInput` (derived
+    features, frame stack): the very code :class:`automdt.agents.ppo.PPOPolicy` runs live.
+
+    Stateful features and stacks follow each env's episodes as the live policy follows a
+    transfer: a terminal observation still belongs to the old episode, the observation
+    returned with ``done`` starts the new one (``VecFrameStack``'s semantics).
+    """
+
+    def __init__(self, venv: VecEnv, features: Sequence[str], max_threads: int, frame_stack: int = 1) -> None:
+        self.pipeline = PolicyInput(venv.num_envs, max_threads, features, frame_stack)
+        super().__init__(venv, observation_space=policy_observation_space(features, frame_stack))
+
+    def reset(self) -> np.ndarray:
+        return self.pipeline.reset(self.venv.reset())
+
+    def step_wait(self) -> VecEnvStepReturn:
+        obs, rew, done, infos = self.venv.step_wait()
+        terminal = {int(i): infos[i]["terminal_observation"] for i in np.flatnonzero(done)
+                    if "terminal_observation" in infos[i]}
+        x, term = self.pipeline.step(obs, done, terminal)
+        for i, t in term.items():
+            infos[i]["terminal_observation"] = t
+        return x, rew, done, infos

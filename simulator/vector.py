@@ -219,9 +219,10 @@ class BatchedBufferSim(VectorEnv):
             from automdt.simulator.oracle import oracle_batch
 
             c = self._core
-            usl = {} if c.sigma is None else {"contention": c.sigma[rows], "coherency": c.kappa[rows]}
-            self._oracle_threads[rows] = oracle_batch(c.tpt[rows], c.bw[rows], c.max_threads, self.k, c.model,
-                                                      **usl)[0]
+            self._oracle_threads[rows] = oracle_batch(
+                c.tpt[rows], c.bw[rows], c.max_threads, self.k, c.model,
+                contention=None if c.sigma is None else c.sigma[rows],
+                coherency=None if c.kappa is None else c.kappa[rows])[0]
 
     def _steady_reward(self) -> np.ndarray:
         """Noise-free steady-state utility of each env's current triple (``reward="steady"``)."""
@@ -260,8 +261,7 @@ class BatchedBufferSim(VectorEnv):
         from automdt.simulator.oracle import oracle_batch
 
         c = self._core
-        usl = {} if c.sigma is None else {"contention": c.sigma, "coherency": c.kappa}
-        return oracle_batch(c.tpt, c.bw, c.max_threads, self.k, c.model, **usl)
+        return oracle_batch(c.tpt, c.bw, c.max_threads, self.k, c.model, contention=c.sigma, coherency=c.kappa)
 
     def close_extras(self, **kwargs: Any) -> None:
         self._rngs = None

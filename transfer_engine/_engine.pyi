@@ -2,16 +2,31 @@
 
 from typing import Sequence, Union
 
-TOKEN_LEN: int
-TLS_KEY_LEN: int
-HELLO_LEN: int
-FRAME_HEADER_LEN: int
-FRAME_MAGIC: int
-JOURNAL_RECORD_LEN: int
+# transfer_engine/src/constants.h
+CHUNK_SIZE_MIN: int
 CHUNK_SIZE_MAX: int
+MAX_THREADS: int
+SESSION_CHUNK_SIZE_MIN: int
+SESSION_CHUNK_SIZE_MAX: int
 WAIT_MS: int
 EVENTS_MAX: int
+TOKEN_LEN: int
+TLS_KEY_LEN: int
+HELLO_MAGIC: bytes
+HELLO_LEN: int
+FRAME_MAGIC: int
+FRAME_HEADER_LEN: int
+FRAME_HEADER_FORMAT: str
+JOURNAL_MAGIC: bytes
+JOURNAL_RECORD_LEN: int
+JOURNAL_RECORD_LENGTH: int
+JOURNAL_RECORD_OFFSET: int
+JOURNAL_RECORD_HASH: int
+JOURNAL_RECORD_CHECK: int
+JOURNAL_RECORD_FORMAT: str
+# of this build and process
 DEBUG: int
+HASH_IMPL: str
 
 # (bytes, busy_ns, wait_ns, idle_ns, threads_target, threads_live)
 _StageTuple = tuple[int, int, int, int, int, int]
@@ -98,3 +113,4 @@ class Receiver:
 
 def trim_cache(max_age_s: float = 0.0, /) -> None: ...
 def cached_bytes() -> int: ...
+def hash64(data: bytes, impl: str = "", /) -> int: ...

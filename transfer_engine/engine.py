@@ -30,14 +30,36 @@ __all__ = [
     "StageStats",
     "TOKEN_LEN",
     "TLS_KEY_LEN",
+    "CHUNK_SIZE_MIN",
     "CHUNK_SIZE_MAX",
+    "MAX_THREADS",
+    "SESSION_CHUNK_SIZE_MIN",
+    "SESSION_CHUNK_SIZE_MAX",
+    "JOURNAL_MAGIC",
+    "JOURNAL_RECORD_CHECK",
+    "JOURNAL_RECORD_FORMAT",
+    "JOURNAL_RECORD_LEN",
     "frame_hash",
     "trim_cache",
 ]
 
+# Limits and layouts of the C engine (transfer_engine/src/constants.h), read from it so that
+# no number is written twice.
 TOKEN_LEN: int = _engine.TOKEN_LEN
 TLS_KEY_LEN: int = _engine.TLS_KEY_LEN
+CHUNK_SIZE_MIN: int = _engine.CHUNK_SIZE_MIN
 CHUNK_SIZE_MAX: int = _engine.CHUNK_SIZE_MAX
+MAX_THREADS: int = _engine.MAX_THREADS
+"""Upper bound of ``max_threads`` (threads of one stage)."""
+SESSION_CHUNK_SIZE_MIN: int = _engine.SESSION_CHUNK_SIZE_MIN
+SESSION_CHUNK_SIZE_MAX: int = _engine.SESSION_CHUNK_SIZE_MAX
+"""The chunk sizes automdt's CLI and control protocol accept (a subset of the engine's range)."""
+JOURNAL_MAGIC: bytes = _engine.JOURNAL_MAGIC
+JOURNAL_RECORD_FORMAT: str = _engine.JOURNAL_RECORD_FORMAT
+"""A journal record in :mod:`struct` notation: magic, length, offset, hash, check."""
+JOURNAL_RECORD_LEN: int = _engine.JOURNAL_RECORD_LEN
+JOURNAL_RECORD_CHECK: int = _engine.JOURNAL_RECORD_CHECK
+"""Offset of the record's check field: the check is XXH3-64 of the bytes before it."""
 _NS = 1e-9
 _M64 = (1 << 64) - 1
 _E = TypeVar("_E", bound="_Engine")
@@ -94,6 +116,14 @@ class StageStats(NamedTuple):
     threads_live: int
     """Threads running now (an exiting thread counts until it finished its chunk)."""
 
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_json(cls, d: Any) -> "StageStats":
+        """Read :meth:`to_json` back; a missing counter reads as 0 (a peer of an older version)."""
+        return cls(*_fields_from(cls, d))
+
 
 class BufferStats(NamedTuple):
     """Occupancy of one staging buffer."""
@@ -110,6 +140,14 @@ class BufferStats(NamedTuple):
     """Slots malloc'ed so far (lazily, reused, freed at close)."""
     slots_ready: int
     """Filled slots waiting for the consumer stage."""
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_json(cls, d: Any) -> "BufferStats":
+        """Read :meth:`to_json` back; a missing counter reads as 0."""
+        return cls(*_fields_from(cls, d))
 
 
 class SenderStats(NamedTuple):
@@ -159,6 +197,28 @@ class ReceiverStats(NamedTuple):
     protocol_errors: int
     """Connections closed on an invalid frame header."""
 
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON (the receiver's ``status`` reply carries it: ``automdt/PROTOCOL.md``)."""
+        return {k: (v.to_json() if isinstance(v, (StageStats, BufferStats)) else v) for k, v in self._asdict().items()}
+
+    @classmethod
+    def from_json(cls, d: Any) -> "ReceiverStats":
+        """Read :meth:`to_json` back (the sender reads the receiver's ``status`` reply with it); a
+        missing counter reads as 0 (a receiver of an older version).
+
+        :raises ValueError: ``d`` is not a JSON object.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"receiver stats must be a JSON object, got {type(d).__name__}")
+        counts = _fields_from(cls, d)[4:]
+        return cls(float(d.get("time_s") or 0.0), StageStats.from_json(d.get("recv")),
+                   StageStats.from_json(d.get("write")), BufferStats.from_json(d.get("buffer")), *counts)
+
+
+def _fields_from(cls: Any, d: Any) -> list[Any]:
+    d = d if isinstance(d, dict) else {}
+    return [d.get(f) or 0 for f in cls._fields]
+
 
 def _stage(t: tuple[int, int, int, int, int, int]) -> StageStats:
     return StageStats(t[0], t[1] * _NS, t[2] * _NS, t[3] * _NS, t[4], t[5])
@@ -197,13 +257,13 @@ def _check_key(key: Optional[bytes]) -> Optional[bytes]:
 def _check_common(token: bytes, chunk_size: int, memory_bytes: int, max_threads: int) -> None:
     if not isinstance(token, (bytes, bytearray)) or len(token) != TOKEN_LEN:
         raise ValueError(f"token must be {TOKEN_LEN} bytes (e.g. os.urandom({TOKEN_LEN}))")
-    _check_int("chunk_size", chunk_size, 1, CHUNK_SIZE_MAX)
+    _check_int("chunk_size", chunk_size, CHUNK_SIZE_MIN, CHUNK_SIZE_MAX)
     _check_int("memory_bytes", memory_bytes, 1)
     if memory_bytes < chunk_size:
         raise ValueError(
             f"memory_bytes ({memory_bytes}) must hold at least one chunk of {chunk_size} bytes"
         )
-    _check_int("max_threads", max_threads, 1, 4096)
+    _check_int("max_threads", max_threads, 1, MAX_THREADS)
 
 
 class _Engine:

@@ -5,7 +5,7 @@ import io
 import json
 
 from automdt.controller import Controller
-from automdt.transfer_engine.engine import BufferStats, SenderStats, StageStats
+from automdt.transfer_engine.engine import BufferStats, ReceiverStats, SenderStats, StageStats
 
 
 class Recorder:
@@ -22,15 +22,18 @@ class Recorder:
         return (3, 3, 4)
 
 
-def _stats(t, nbytes, segs, retrans):
-    st = StageStats(nbytes, 0.5 * t, 0.1 * t, 0.0, 2, 2)
+def _stats(t, nbytes, segs, retrans, threads=(2, 3)):
+    """Sender counters as the engine reports them: ``threads``, the (read, net) counts it runs."""
+    read = StageStats(nbytes, 0.5 * t, 0.1 * t, 0.0, threads[0], threads[0])
+    net = StageStats(nbytes, 0.5 * t, 0.1 * t, 0.0, threads[1], threads[1])
     buf = BufferStats(16 << 20, 64 << 20, 4, 16, 16, 4)
-    return SenderStats(t, st, st, buf, 0, 0, 0, 0, 0, segs, retrans)
+    return SenderStats(t, read, net, buf, 0, 0, 0, 0, 0, segs, retrans)
 
 
-def _rx(nbytes):
-    st = {"bytes": nbytes, "busy_s": 0.1, "wait_s": 0.0}
-    return {"write": st, "recv": st, "buffer": {"capacity_bytes": 64 << 20, "fill_bytes": 0}}
+def _rx(nbytes, write_threads=4):
+    """The receiver's counters as the sender reads them from a ``status`` reply (plain JSON)."""
+    st = {"bytes": nbytes, "busy_s": 0.1, "wait_s": 0.0, "threads_target": write_threads}
+    return ReceiverStats.from_json({"write": st, "recv": st, "buffer": {"capacity_bytes": 64 << 20, "fill_bytes": 0}})
 
 
 def test_loss_ratio_from_tcp_counters_reaches_the_policy_and_the_log():
@@ -39,8 +42,9 @@ def test_loss_ratio_from_tcp_counters_reaches_the_policy_and_the_log():
     assert c.start() == (2, 3, 4) and applied == [(2, 3, 4)]
     assert c.tick(_stats(0.0, 0, 1000, 5), _rx(0), now=100.0) is None  # the first call sets the baseline
     assert c.tick(_stats(0.5, 10, 1100, 5), _rx(10), now=100.5) is None  # interval not over yet
-    rec = c.tick(_stats(1.0, 40 << 20, 3000, 25), _rx(40 << 20), now=101.0)
-    assert rec is not None
+    record = c.tick(_stats(1.0, 40 << 20, 3000, 25), _rx(40 << 20), now=101.0)
+    assert record is not None
+    rec = record.to_json()
     # 20 of the 2000 segments sent in the interval were retransmitted
     assert pol.seen[-1].loss == 20 / 2000
     assert rec["loss"] == 0.01
@@ -53,3 +57,91 @@ def test_loss_ratio_from_tcp_counters_reaches_the_policy_and_the_log():
     c.tick(_stats(3.0, 90 << 20, 6000, 90), _rx(90 << 20), now=103.0, loss=0.25)
     assert pol.seen[-1].loss == 0.25
     assert rec["throughput"]["net"] == 40 << 20
+
+
+def test_the_policy_sees_and_the_log_shows_the_counts_the_engines_run():
+    """The receiver clamps write threads to its --max-threads: the observation and the record carry
+    the count it reports, not the one asked for; the controller never asks above the bound of the
+    receiver's ``opened`` reply (``write_max``)."""
+
+    class Greedy(Recorder):
+        def reset(self, max_threads, seed=None):
+            return (2, 3, 8)
+
+        def act(self, obs):
+            self.seen.append(obs)
+            return (8, 8, 8)
+
+    pol, applied = Greedy(), []
+    c = Controller(pol, applied.append, interval_s=1.0, max_threads=8)
+    c.start()
+    c.tick(_stats(0.0, 0, 0, 0), _rx(0, write_threads=2), now=10.0)
+    rec = c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20, write_threads=2), now=11.0)
+    assert pol.seen[-1].threads == (2, 3, 2) and rec.threads == (2, 3, 2)
+    assert rec.to_json()["threads"] == {"read": 2, "net": 3, "write": 2}
+    assert applied[-1] == (8, 8, 8)
+    # told the receiver's bound, the controller applies and logs what will run
+    pol, applied = Greedy(), []
+    c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, write_max=2)
+    assert c.start() == (2, 3, 2) and applied == [(2, 3, 2)]
+    c.tick(_stats(0.0, 0, 0, 0), _rx(0, write_threads=2), now=10.0)
+    rec = c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20, write_threads=2), now=11.0)
+    assert rec.next_threads == (8, 8, 2) and applied[-1] == (8, 8, 2)
+    # before the receiver's first reply the write count is the one applied
+    assert c.running(_stats(1.0, 0, 0, 0, threads=(8, 8)), None) == (8, 8, 2)
+
+
+def test_receiver_stats_cross_the_control_channel_typed():
+    """What the receiver puts in its ``status`` reply is what the sender reads back, field for field;
+    a counter an older receiver does not send reads as 0."""
+    stage = StageStats(5 << 20, 1.5, 0.25, 0.0, 3, 2)
+    st = ReceiverStats(12.5, stage, stage._replace(threads_target=4), BufferStats(1, 2, 3, 4, 5, 6),
+                       7, 0, 1, 0, 2, 9, 1, 0)
+    wire = json.loads(json.dumps(st.to_json()))
+    assert wire["write"]["threads_target"] == 4 and wire["buffer"]["fill_bytes"] == 1
+    assert ReceiverStats.from_json(wire) == st
+    old = ReceiverStats.from_json({"write": {"bytes": 10}, "buffer": {"capacity_bytes": 64}})
+    assert old.write.bytes == 10 and old.write.threads_target == 0 and old.recv.bytes == 0
+    assert old.buffer.capacity_bytes == 64 and old.connections == 0
+
+
+def test_interval_log_lines_round_trip_byte_for_byte():
+    from automdt.interval import IntervalRecord
+
+    log = io.StringIO()
+    c = Controller(Recorder(), lambda t: None, interval_s=1.0, max_threads=8, log_file=log)
+    c.annotations["throttle"] = "read.total=10M"
+    c.start()
+    c.tick(_stats(0.0, 0, 1000, 5), _rx(0), now=100.0)
+    c.tick(_stats(1.0, 40 << 20, 3000, 25), _rx(40 << 20), now=101.0)
+    c.tick(_stats(1.5, 50 << 20, 3000, 25), _rx(50 << 20), now=101.5, final=True)
+    lines = log.getvalue().splitlines()[1:]
+    assert len(lines) == 2 and '"final": true' in lines[1] and '"throttle": "read.total=10M"' in lines[0]
+    for line in lines:
+        assert json.dumps(IntervalRecord.from_json(json.loads(line)).to_json()) == line
+    assert list(json.loads(lines[0])) == ["t", "threads", "throughput", "buffer", "cpu", "loss", "policy",
+                                          "next_threads", "bytes", "busy_s", "wait_s", "recv_wait_s", "interval_s",
+                                          "throttle"]
+    # keys of others (the experiments' round) survive, after the known ones
+    extra = dict(json.loads(lines[0]), round=2)
+    assert IntervalRecord.from_json(extra).to_json() == extra
+    assert c.history[0].to_json() == json.loads(lines[0])
+
+
+def test_threads_with_a_baseline_policy_start_its_state_there():
+    """``--threads 3,2,1 --policy marlin`` (or falcon): the policy's own state starts at those
+    counts, so its first interval is scored with the counts that ran."""
+    from automdt.agents.falcon import FalconPolicy
+    from automdt.agents.marlin import MarlinPolicy
+    from automdt.start import choose_start
+
+    for pol, seen in ((MarlinPolicy(), lambda p: [st.window[0][1] for st in p.stages]),
+                      (FalconPolicy(), lambda p: [p._prev[0]])):
+        applied = []
+        c = Controller(pol, applied.append, interval_s=1.0, max_threads=8,
+                       start=choose_start(pol, 8, explicit=(3, 2, 1)))
+        assert c.start() == (3, 2, 1) and applied == [(3, 2, 1)]
+        c.tick(_stats(0.0, 0, 0, 0, threads=(3, 2)), _rx(0, write_threads=1), now=10.0)
+        rec = c.tick(_stats(1.0, 1 << 20, 0, 0, threads=(3, 2)), _rx(1 << 20, write_threads=1), now=11.0)
+        assert rec.threads == (3, 2, 1)
+        assert seen(pol) == ([3, 2, 1] if isinstance(pol, MarlinPolicy) else [2])

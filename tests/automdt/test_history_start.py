@@ -267,7 +267,7 @@ def test_controller_applies_the_start_logs_it_and_keeps_the_bound():
     assert first == {"t": 0.0, "start": {"threads": {"read": 3, "net": 3, "write": 3}, "source": "cold"},
                      "policy": "ppo:x"}
     c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
-    rec = c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20), now=11.0)
+    rec = c.tick(_stats(1.0, 1 << 20, 0, 0, threads=(3, 3)), _rx(1 << 20, write_threads=3), now=11.0).to_json()
     assert rec["next_threads"] == {"read": 3, "net": 3, "write": 3}  # the policy asked for 30
     # an explicit --threads start is not bounded, and neither are the policy's later choices
     c = Controller(Greedy(), applied.append, max_threads=32, start=Start((8, 8, 8), "threads"), bound=3)

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from automdt import errors
 from automdt.lock import JobLock, default_lock_path
-from tests.faults.helpers import ReceiverProc, cli, wait_for
+from tests.faults.helpers import ReceiverProc, wait_for
 from tests.util import run_cli, trees_identical
 
 

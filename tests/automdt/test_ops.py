@@ -1,6 +1,5 @@
 """Cron-facing behaviour: dry run, verify, lock, summary file, log file."""
 import json
-import os
 import subprocess
 import sys
 import time

@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from automdt import errors
+from automdt.experiments.netns import netns_available
 from automdt.lock import JobLock, default_lock_path, job_key
 from automdt.manifest import FileEntry, parse_shard, scan, shard_manifest, shard_of
-from tests.util import run_cli, trees_identical, write_file
+from tests.util import run_cli, trees_identical
 
 
 def _entries(sizes):
@@ -184,19 +185,11 @@ class _Pairs:
                 _sh("ip", "netns", "del", ns, check=False)
 
 
-def _netns_ok():
-    if os.geteuid() != 0:
-        return "needs root (network namespaces)"
-    if shutil.which("ip") is None:
-        return "needs iproute2"
-    return None
-
-
 @pytest.mark.netns
 @pytest.mark.timeout(240)
 def test_shards_from_separate_namespaces_into_one_shared_destination(tmp_path, make_tree):
-    why = _netns_ok()
-    if why:
+    ok, why = netns_available()
+    if not ok:
         pytest.skip(why)
     files = {f"run/big{i}.dat": 600_000 + 50_000 * i for i in range(5)}
     files.update({f"run/small/{i % 4}/s{i:03d}.bin": (i * 3571) % 30_000 for i in range(90)})

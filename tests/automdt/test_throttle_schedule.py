@@ -1,6 +1,5 @@
 """``--throttle @FILE``: the schedule parser, its one-line errors, and runtime application on both ends."""
 import json
-import os
 
 import pytest
 

@@ -2,7 +2,6 @@
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ pytest.importorskip("automdt.transfer_engine._engine")
 
 from automdt import errors  # noqa: E402
 from automdt.sender import TransferOptions, run_transfer  # noqa: E402
-from tests.util import CHUNK, run_cli, trees_identical, write_file  # noqa: E402
+from tests.util import CHUNK, run_cli, trees_identical  # noqa: E402
 
 
 def opts(**kw):

@@ -11,7 +11,6 @@ import json
 import os
 import random
 import shutil
-import stat
 import subprocess
 import sys
 

@@ -165,7 +165,7 @@ def test_cli_policy_list_keeps_static_triples():
 
 @pytest.mark.netns
 def test_fairness_quick(tmp_path):
-    from automdt.experiments.fairness import netns_available
+    from automdt.experiments.netns import netns_available
 
     ok, why = netns_available()
     if not ok:

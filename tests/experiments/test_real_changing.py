@@ -12,7 +12,7 @@ import pytest
 from automdt.experiments.changing import (change_metrics, changing_scenarios, schedule_scenario, throttle_achievable,
                                           time_to_fraction)
 from automdt.experiments.real import minimal_triple, triple_throughputs
-from automdt.experiments.realpaths import CpuCgroup, NetLink, real_scenarios
+from automdt.experiments.realpaths import CpuCgroup, NetLink
 from automdt.experiments.runner import read_csv
 
 MB = 1e6

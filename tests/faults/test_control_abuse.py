@@ -14,7 +14,7 @@ import zmq  # noqa: E402
 from automdt import errors, protocol  # noqa: E402
 from automdt.receiver import ReceiverServer  # noqa: E402
 from automdt.sender import run_transfer  # noqa: E402
-from tests.faults.helpers import FakeSender, Outside, ReceiverProc, opts, receiver_answers  # noqa: E402
+from tests.faults.helpers import Outside, ReceiverProc, opts, receiver_answers  # noqa: E402
 from tests.util import CHUNK, trees_identical, write_file  # noqa: E402
 
 SECRET = b"control-abuse-secret"

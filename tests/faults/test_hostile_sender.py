@@ -4,7 +4,6 @@ the destination: everything refused or contained, nothing outside the root touch
 receiver still serves a normal transfer afterwards."""
 import os
 import threading
-import time
 import unicodedata
 
 import pytest

@@ -1,5 +1,4 @@
 """Case 1: a chaos proxy on the data connections flips, truncates, resets and stalls them."""
-import os
 import time
 
 import pytest

@@ -1,7 +1,6 @@
 """Case 8: sparse files and files of 0, 1, chunk-1, chunk, chunk+1 bytes (at the default 4 MiB chunk
 and a small one): content digests equal by `automdt verify` (local and against a receiver), and a
 single changed byte in a tail is found."""
-import json
 import os
 
 import pytest

@@ -14,8 +14,9 @@ Run as a libFuzzer target by ``scripts/fuzz_receiver.py`` (which prints the figu
   or drawn from the input, payloads of the right, wrong or truncated length, or raw bytes; the
   connection is half-closed and must be closed by the receiver within 10 s (a hang fails).
 
-The receiver's code (automdt.receiver, protocol, paths, journal) is instrumented by atheris, so
-libFuzzer's ``cov``/``ft`` figures are edges and features of that Python code, which steer the
+The receiver's code (automdt.receiver, session, partial, protocol, paths, journal) is
+instrumented by atheris, so libFuzzer's ``cov``/``ft`` figures are edges and features of that
+Python code, which steer the
 mutations; the C engine is not instrumented (gcc), its outcomes are counted by reason from its
 counters instead. After every input: the session is still usable (or re-created after it was
 legitimately dropped) and no internal error was logged; every 2000 inputs and at the end:

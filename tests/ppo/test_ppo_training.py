@@ -179,3 +179,79 @@ def test_init_from_must_match_the_config(tmp_path, tiny_policy):
         tiny_train(tmp_path / "x.zip", init_from=tiny_policy.model_path, config=tiny_config().replace(frame_stack=2))
     with pytest.raises(ValueError, match="network does not match"):
         tiny_train(tmp_path / "y.zip", init_from=tiny_policy.model_path, config=tiny_config().replace(net_arch=(8,)))
+
+
+def test_own_loop_from_the_public_pieces_gives_the_network_train_gives(tmp_path, tiny_policy):
+    """make_model + the callbacks of automdt.agents.callbacks, composed by hand, train the very
+    network train() trains (the pieces are the whole of it: no hidden state in train())."""
+    import torch
+    from stable_baselines3.common.callbacks import CallbackList
+
+    from automdt.agents.callbacks import OracleEvalCallback, StopTrainingOnOracleFraction
+    from automdt.agents.training import EVAL_SEED, EnvSettings, eval_policy_metadata, evaluate, make_model
+
+    prof, cfg = Profile.default(), tiny_config()
+    threads = torch.get_num_threads()
+    try:
+        model, init = make_model(prof, EnvSettings(), cfg, seed=0)  # sets cfg.torch_threads
+        assert init is None
+        evals = OracleEvalCallback(lambda pol: evaluate(pol, [("train", prof)], steps=20, seed=EVAL_SEED),
+                                   eval_policy_metadata(prof, cfg), eval_every=512,
+                                   callback_on_new_best=StopTrainingOnOracleFraction(2.0))  # never reached
+        model.learn(TINY_TIMESTEPS, callback=CallbackList([evals]))
+        evals.finish(model.num_timesteps, ran_to_budget=evals.stop_reason is None)
+    finally:
+        torch.set_num_threads(threads)
+    assert [p.timesteps for p in evals.curve] == [p.timesteps for p in tiny_policy.curve]
+    assert [p.fraction_of_oracle for p in evals.curve] == [p.fraction_of_oracle for p in tiny_policy.curve]
+    assert evals.best_timesteps == tiny_policy.best_timesteps and evals.stop_reason is None
+    model.policy.load_state_dict(evals.best_state)
+    a, b = model.policy.state_dict(), _weights(tiny_policy.model_path)
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_stop_at_target_is_a_child_of_the_evaluation(tmp_path):
+    """The target stop fires on a new best only: a target reached at the very first evaluation
+    stops at the first step; with select_from the first evaluations are never kept, so it cannot."""
+    rep = tiny_train(tmp_path / "a.zip", timesteps=2048, eval_every=256, target_fraction=0.01, select_from=0.5)
+    assert rep.stop_reason == "target" and rep.best_timesteps >= 1024
+    assert [p.timesteps for p in rep.curve][:2] == [0, 256]
+
+
+def test_hook_stops_and_sees_every_evaluation(tmp_path):
+    seen = []
+
+    def hook(ts, frac):
+        seen.append((ts, frac))
+        return ts >= 512
+
+    rep = tiny_train(tmp_path / "h.zip", timesteps=4096, eval_every=256, eval_hook=hook)
+    assert rep.stop_reason == "hook" and rep.timesteps < 4096
+    assert seen == [(p.timesteps, p.fraction_of_oracle) for p in rep.curve]
+
+
+def test_env_settings_are_recorded(tmp_path):
+    from automdt.simulator.changes import ProfileChanges
+
+    rep = tiny_train(tmp_path / "e.zip", timesteps=256, eval_every=256, randomize=0.2, random_start=True,
+                     noise=0.05, changes=ProfileChanges(max_changes=1))
+    meta = json.loads(rep.metadata_path.read_text())
+    assert (meta["randomize"], meta["random_start"], meta["noise"]) == (0.2, True, 0.05)
+    assert meta["changes"]["max_changes"] == 1 and meta["k"] == 1.02 and meta["random_profiles"] is False
+
+
+def test_write_policy_metadata_round_trips(tmp_path, tiny_policy):
+    import os
+    import shutil
+    import stat
+
+    from automdt.agents.ppo import policy_metadata, write_policy_metadata
+
+    p = tmp_path / "copy.zip"
+    shutil.copy(tiny_policy.model_path, p)
+    meta = json.loads(tiny_policy.metadata_path.read_text())
+    meta["note"] = "written again"
+    side = write_policy_metadata(p, meta)
+    assert side == tmp_path / "copy.zip.json" and policy_metadata(p) == meta
+    assert stat.S_IMODE(os.stat(side).st_mode) == 0o644
+    assert not (tmp_path / "copy.zip.json.tmp").exists()

@@ -213,8 +213,8 @@ void amdt_events_free(amdt_events *q)
     pthread_mutex_destroy(&q->mu);
 }
 
-void amdt_event_push(amdt_events *q, int kind, uint32_t file_id, uint64_t offset,
-                     uint32_t length, int err, const char *fmt, ...)
+void amdt_event_push(amdt_events *q, int kind, uint32_t file_id, uint64_t offset, uint32_t length,
+                     int err, const char *fmt, ...)
 {
     amdt_event ev;
     memset(&ev, 0, sizeof(ev));

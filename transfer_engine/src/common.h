@@ -2,13 +2,13 @@
  * Shared helpers of the AutoMDT transfer engine: debug logging, clocks, timed waits,
  * little-endian encoding, a u32 -> pointer map and the event queue.
  *
- * Nothing here (or anywhere under src/ except module.c) includes Python.h: worker threads
+ * Nothing here (or anywhere under src/ except module.c and py_*.c) includes Python.h: worker threads
  * never touch Python objects.
  *
  * Locking rule of the whole engine: no function ever holds two engine mutexes at once,
  * and no mutex is held across a blocking system call (open, pread, pwrite, send, recv,
  * connect, accept, sleeps). Python-facing calls therefore only wait a few microseconds
- * for a lock, which is why most of them keep the GIL (see module.c).
+ * for a lock, which is why most of them keep the GIL (see py_common.h).
  */
 #ifndef AMDT_COMMON_H
 #define AMDT_COMMON_H
@@ -27,6 +27,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "constants.h"
+
 /* ---- debug ------------------------------------------------------------------------- */
 
 extern int amdt_debug_enabled;
@@ -36,16 +38,15 @@ void amdt_debug_impl(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* The check avoids evaluating the arguments when debug mode (env AUTOMDT_DEBUG) is off. */
-#define amdt_debug(...)                                        \
-    do {                                                       \
-        if (amdt_debug_enabled)                                \
-            amdt_debug_impl(__FILE__, __LINE__, __VA_ARGS__);  \
+#define amdt_debug(...)                                       \
+    do {                                                      \
+        if (amdt_debug_enabled)                               \
+            amdt_debug_impl(__FILE__, __LINE__, __VA_ARGS__); \
     } while (0)
 
 /* ---- time -------------------------------------------------------------------------- */
 
 #define AMDT_NS_PER_S 1000000000ULL
-#define AMDT_WAIT_MS 100 /* every wait is timed and re-checks the stop flag */
 
 uint64_t amdt_now_ns(void); /* CLOCK_MONOTONIC */
 
@@ -73,7 +74,10 @@ void amdt_sleep_until(uint64_t deadline_ns, const int *stop, const unsigned *gen
 
 static inline void amdt_put_le32(uint8_t *p, uint32_t v)
 {
-    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
 }
 
 static inline void amdt_put_le64(uint8_t *p, uint64_t v)
@@ -96,35 +100,34 @@ static inline uint64_t amdt_get_le64(const uint8_t *p)
 
 typedef struct amdt_map {
     uint32_t *keys;
-    void **vals;    /* NULL = empty, AMDT_MAP_TOMB = deleted */
-    size_t cap;     /* power of two */
-    size_t used;    /* live entries */
-    size_t filled;  /* live entries + tombstones */
+    void **vals;   /* NULL = empty, AMDT_MAP_TOMB = deleted */
+    size_t cap;    /* power of two */
+    size_t used;   /* live entries */
+    size_t filled; /* live entries + tombstones */
 } amdt_map;
 
 int amdt_map_init(amdt_map *m);
 void amdt_map_free(amdt_map *m);
 void *amdt_map_get(const amdt_map *m, uint32_t key);
 int amdt_map_put(amdt_map *m, uint32_t key, void *val); /* 0 ok, -1 ENOMEM */
-void *amdt_map_del(amdt_map *m, uint32_t key);           /* returns the removed value */
+void *amdt_map_del(amdt_map *m, uint32_t key);          /* returns the removed value */
 /* Iterate: for (size_t i = 0; i < m->cap; i++) if (amdt_map_live(m, i)) ... */
 int amdt_map_live(const amdt_map *m, size_t i);
 
 /* ---- events ------------------------------------------------------------------------ */
 
 typedef enum amdt_event_kind {
-    AMDT_EV_FILE_ERROR = 1,   /* file_id, err, msg */
-    AMDT_EV_CONN_ERROR,       /* err, msg */
-    AMDT_EV_CONN_REJECTED,    /* msg */
-    AMDT_EV_PROTOCOL_ERROR,   /* msg */
-    AMDT_EV_CHUNK_BAD,        /* file_id, offset, length */
-    AMDT_EV_FILE_DONE,        /* file_id */
-    AMDT_EV_WRITE_ERROR,      /* file_id, err, msg */
-    AMDT_EV_DROPPED,          /* offset = number of events dropped because the queue was full */
+    AMDT_EV_FILE_ERROR = 1, /* file_id, err, msg */
+    AMDT_EV_CONN_ERROR,     /* err, msg */
+    AMDT_EV_CONN_REJECTED,  /* msg */
+    AMDT_EV_PROTOCOL_ERROR, /* msg */
+    AMDT_EV_CHUNK_BAD,      /* file_id, offset, length */
+    AMDT_EV_FILE_DONE,      /* file_id */
+    AMDT_EV_WRITE_ERROR,    /* file_id, err, msg */
+    AMDT_EV_DROPPED,        /* offset = number of events dropped because the queue was full */
 } amdt_event_kind;
 
 #define AMDT_EVENT_MSG 200
-#define AMDT_EVENTS_MAX 65536 /* beyond this, connection events are only counted */
 
 typedef struct amdt_event {
     int kind;
@@ -144,9 +147,8 @@ typedef struct amdt_events {
 
 int amdt_events_init(amdt_events *q);
 void amdt_events_free(amdt_events *q);
-void amdt_event_push(amdt_events *q, int kind, uint32_t file_id, uint64_t offset,
-                     uint32_t length, int err, const char *fmt, ...)
-    __attribute__((format(printf, 7, 8)));
+void amdt_event_push(amdt_events *q, int kind, uint32_t file_id, uint64_t offset, uint32_t length,
+                     int err, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
 /* Move every queued event to a new malloc'ed array (caller frees); *n gets the count
  * (NULL with *n == 0: no events; NULL with *n == (size_t)-1: out of memory, queue kept).
  * A pending dropped count is reported as a final AMDT_EV_DROPPED event. */

@@ -37,15 +37,21 @@ typedef struct amdt_hstream_ops {
     uint64_t (*digest)(const amdt_hstate *st);
 } amdt_hstream_ops;
 
-extern const amdt_hstream_ops *amdt_hstream;            /* the one in use (amdt_hash_init) */
+extern const amdt_hstream_ops *amdt_hstream; /* the one in use (amdt_hash_init) */
 extern const amdt_hstream_ops amdt_hstream_lib;
 extern const amdt_hstream_ops *const amdt_hstream_avx2; /* NULL when not compiled */
 
-static inline void amdt_hash_reset(amdt_hstate *st) { amdt_hstream->reset(st); }
+static inline void amdt_hash_reset(amdt_hstate *st)
+{
+    amdt_hstream->reset(st);
+}
 static inline void amdt_hash_update(amdt_hstate *st, const void *data, size_t len)
 {
     amdt_hstream->update(st, data, len);
 }
-static inline uint64_t amdt_hash_digest(const amdt_hstate *st) { return amdt_hstream->digest(st); }
+static inline uint64_t amdt_hash_digest(const amdt_hstate *st)
+{
+    return amdt_hstream->digest(st);
+}
 
 #endif /* AMDT_HASH_H */

@@ -20,7 +20,8 @@ static uint64_t amdt_hash64_avx2_impl(const void *data, size_t len)
 
 static void amdt_avx2_reset(amdt_hstate *st)
 {
-    memset(st, 0, sizeof(*st)); /* the seed-0 reset does not require it; a stack state is then defined */
+    /* the seed-0 reset does not require it; a stack state is then defined */
+    memset(st, 0, sizeof(*st));
     XXH3_64bits_reset((XXH3_state_t *)st->opaque);
 }
 

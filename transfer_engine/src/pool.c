@@ -94,7 +94,8 @@ static size_t amdt_slot_bytes(size_t chunk_size)
     return (chunk_size + 4095) & ~(size_t)4095;
 }
 
-int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, int with_data, const int *stop)
+int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, int with_data,
+                   const int *stop)
 {
     memset(p, 0, sizeof(*p));
     p->chunk_size = chunk_size;

@@ -30,10 +30,10 @@ typedef struct amdt_slot {
     void *file;                 /* sender: the amdt_sfile the chunk belongs to */
     int fd;                     /* sender, zero-copy: the source fd to sendfile() from */
     uint32_t file_id;
-    uint32_t length;            /* payload bytes */
+    uint32_t length; /* payload bytes */
     uint64_t offset;
-    uint64_t hash;              /* sender: XXH3_64bits of the payload; receiver: the frame's hash */
-    uint64_t payload_hash;      /* receiver: XXH3_64bits of the payload as received */
+    uint64_t hash;         /* sender: XXH3_64bits of the payload; receiver: the frame's hash */
+    uint64_t payload_hash; /* receiver: XXH3_64bits of the payload as received */
 } amdt_slot;
 
 typedef struct amdt_pool {
@@ -42,9 +42,9 @@ typedef struct amdt_pool {
     pthread_cond_t cv_ready; /* a filled slot was queued */
     size_t chunk_size;
     int with_data;
-    size_t slots_max;   /* cap in slots */
-    size_t slots_alloc; /* allocated so far (counting allocations in progress) */
-    size_t slots_used;  /* handed out: being filled, queued, or being drained */
+    size_t slots_max;    /* cap in slots */
+    size_t slots_alloc;  /* allocated so far (counting allocations in progress) */
+    size_t slots_used;   /* handed out: being filled, queued, or being drained */
     uint64_t fill_bytes; /* payload bytes held by used slots */
     size_t ready_len;
     amdt_slot *free_list;
@@ -62,7 +62,8 @@ typedef struct amdt_pool_stats {
     uint64_t ready; /* filled slots waiting for a consumer */
 } amdt_pool_stats;
 
-int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, int with_data, const int *stop);
+int amdt_pool_init(amdt_pool *p, size_t chunk_size, size_t slots_max, int with_data,
+                   const int *stop);
 /* Free every slot's memory (at close). No thread may use the pool any more; the
  * counters stay readable. */
 void amdt_pool_release(amdt_pool *p);

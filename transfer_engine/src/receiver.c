@@ -1,6 +1,7 @@
 /* Receiver: accept thread, receiving threads, staging buffer, write pool (see receiver.h). */
 #include "receiver.h"
 
+#include "hash.h"
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -8,7 +9,6 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include "hash.h"
 
 #include "wire.h"
 
@@ -55,9 +55,9 @@ amdt_receiver *amdt_receiver_new(const amdt_receiver_cfg *cfg, char *err, size_t
     int have_mu = 0, have_cv = 0, have_map = 0, have_pool = 0, have_recv = 0, have_write = 0;
     int have_events = 0;
 
-    if (cfg->chunk_size == 0 || cfg->chunk_size > (1u << 30)) {
-        snprintf(err, errlen, "chunk_size must be in 1..2**30, got %llu",
-                 (unsigned long long)cfg->chunk_size);
+    if (cfg->chunk_size < AMDT_CHUNK_SIZE_MIN || cfg->chunk_size > AMDT_CHUNK_SIZE_MAX) {
+        snprintf(err, errlen, "chunk_size must be in %d..%d, got %llu", AMDT_CHUNK_SIZE_MIN,
+                 AMDT_CHUNK_SIZE_MAX, (unsigned long long)cfg->chunk_size);
         goto error;
     }
     if (cfg->memory_bytes < cfg->chunk_size) {
@@ -65,8 +65,9 @@ amdt_receiver *amdt_receiver_new(const amdt_receiver_cfg *cfg, char *err, size_t
                  (unsigned long long)cfg->memory_bytes, (unsigned long long)cfg->chunk_size);
         goto error;
     }
-    if (cfg->max_threads < 1 || cfg->max_threads > 4096) {
-        snprintf(err, errlen, "max_threads must be in 1..4096, got %d", cfg->max_threads);
+    if (cfg->max_threads < 1 || cfg->max_threads > AMDT_MAX_THREADS) {
+        snprintf(err, errlen, "max_threads must be in 1..%d, got %d", AMDT_MAX_THREADS,
+                 cfg->max_threads);
         goto error;
     }
 
@@ -226,7 +227,8 @@ int amdt_receiver_add_file(amdt_receiver *r, uint32_t id, int fd, int jfd, uint6
     int rc = -3, complete = 0;
 
     if (size == 0) {
-        snprintf(err, errlen, "file %u has size 0 (empty files are created by the session layer)", id);
+        snprintf(err, errlen, "file %u has size 0 (empty files are created by the session layer)",
+                 id);
         return -1;
     }
     if (fd < 0) {
@@ -304,8 +306,7 @@ int amdt_receiver_remove_file(amdt_receiver *r, uint32_t id)
     return 0;
 }
 
-int amdt_receiver_missing(amdt_receiver *r, uint32_t id, uint64_t **out, size_t *n,
-                          uint64_t *size)
+int amdt_receiver_missing(amdt_receiver *r, uint32_t id, uint64_t **out, size_t *n, uint64_t *size)
 {
     int rc = 0;
     *out = NULL;
@@ -366,9 +367,8 @@ static void *amdt_accept_main(void *arg)
         if (idx < 0) {
             int e = idx == -2 ? errno : 0;
             __atomic_fetch_add(&r->connections_rejected, 1, __ATOMIC_RELAXED);
-            amdt_event_push(&r->events, AMDT_EV_CONN_REJECTED, 0, 0, 0, e,
-                            "%s from %s", idx == -2 ? "cannot start a thread" : "too many connections",
-                            c->peer);
+            amdt_event_push(&r->events, AMDT_EV_CONN_REJECTED, 0, 0, 0, e, "%s from %s",
+                            idx == -2 ? "cannot start a thread" : "too many connections", c->peer);
             close(fd);
             free(c);
         }
@@ -498,8 +498,8 @@ static void amdt_conn_body(amdt_worker *w)
     if (amdt_recv_full(r, &link, hello, sizeof(hello), deadline, 0, NULL, &err, NULL) != 0) {
         if (err != ECANCELED) {
             __atomic_fetch_add(&r->connections_rejected, 1, __ATOMIC_RELAXED);
-            amdt_event_push(&r->events, AMDT_EV_CONN_REJECTED, 0, 0, 0, err,
-                            "no hello from %s: %s", c->peer,
+            amdt_event_push(&r->events, AMDT_EV_CONN_REJECTED, 0, 0, 0, err, "no hello from %s: %s",
+                            c->peer,
                             err ? amdt_strerror(err, ebuf, sizeof(ebuf)) : "connection closed");
         }
         goto out;
@@ -627,7 +627,8 @@ static void amdt_writer_body(amdt_worker *w)
             goto next;
         }
         uint64_t idx = off / r->chunk_size;
-        if (off >= f->size || len != (f->size - off < r->chunk_size ? f->size - off : r->chunk_size)) {
+        if (off >= f->size ||
+            len != (f->size - off < r->chunk_size ? f->size - off : r->chunk_size)) {
             /* The id was removed and added again with another size since the frame came. */
             pthread_mutex_unlock(&r->mu);
             __atomic_fetch_add(&r->chunks_orphaned, 1, __ATOMIC_RELAXED);
@@ -663,11 +664,7 @@ static void amdt_writer_body(amdt_worker *w)
         }
         if (err == 0 && jfd >= 0) {
             uint8_t rec[AMDT_JOURNAL_REC_LEN];
-            memcpy(rec, AMDT_JOURNAL_MAGIC, 4);
-            amdt_put_le32(rec + 4, len);
-            amdt_put_le64(rec + 8, off);
-            amdt_put_le64(rec + 16, payload_hash);
-            amdt_put_le64(rec + 24, amdt_hash64(rec, 24));
+            amdt_journal_encode(rec, len, off, payload_hash);
             what = "journal write";
             ssize_t n;
             do {

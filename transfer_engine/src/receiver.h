@@ -24,8 +24,8 @@
 
 typedef struct amdt_rfile {
     uint32_t id;
-    int fd;           /* data fd, owned by Python */
-    int jfd;          /* journal fd (O_APPEND) or -1, owned by Python */
+    int fd;  /* data fd, owned by Python */
+    int jfd; /* journal fd (O_APPEND) or -1, owned by Python */
     uint64_t size;
     uint64_t nchunks;
     uint64_t nwritten;
@@ -44,14 +44,14 @@ typedef struct amdt_receiver_cfg {
     int max_threads;
     uint64_t write_thread_bps, write_total_bps;
     int rcvbuf;
-    int write_threads; /* started at construction */
+    int write_threads;      /* started at construction */
     const uint8_t *tls_key; /* AMDT_TLS_KEY_LEN bytes: connections must speak TLS; NULL: plain */
 } amdt_receiver_cfg;
 
 typedef struct amdt_receiver {
     int stop; /* atomic: amdt_stopping() / amdt_set_stop() */
     int closed;
-    uint8_t token[32];
+    uint8_t token[AMDT_TOKEN_LEN];
     amdt_tls *tls; /* NULL: plain connections */
     uint64_t chunk_size;
     int lsock;
@@ -88,8 +88,7 @@ int amdt_receiver_add_file(amdt_receiver *r, uint32_t id, int fd, int jfd, uint6
 int amdt_receiver_remove_file(amdt_receiver *r, uint32_t id);
 /* Chunk indices not yet written, malloc'ed into *out (caller frees). 0 ok; -1 unknown id;
  * -3 out of memory. */
-int amdt_receiver_missing(amdt_receiver *r, uint32_t id, uint64_t **out, size_t *n,
-                          uint64_t *size);
+int amdt_receiver_missing(amdt_receiver *r, uint32_t id, uint64_t **out, size_t *n, uint64_t *size);
 int amdt_receiver_set_threads(amdt_receiver *r, int nwrite, int *old_write);
 void amdt_receiver_get_stats(amdt_receiver *r, amdt_receiver_stats *out);
 void amdt_receiver_close(amdt_receiver *r);

@@ -6,13 +6,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
+#include "hash.h"
 #include "tcpinfo.h"
 #include <poll.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
-#include "hash.h"
 
 #include "wire.h"
 
@@ -43,9 +43,9 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
     int have_mu = 0, have_cv = 0, have_map = 0, have_pool = 0, have_read = 0, have_net = 0;
     int have_events = 0;
 
-    if (cfg->chunk_size == 0 || cfg->chunk_size > (1u << 30)) {
-        snprintf(err, errlen, "chunk_size must be in 1..2**30, got %llu",
-                 (unsigned long long)cfg->chunk_size);
+    if (cfg->chunk_size < AMDT_CHUNK_SIZE_MIN || cfg->chunk_size > AMDT_CHUNK_SIZE_MAX) {
+        snprintf(err, errlen, "chunk_size must be in %d..%d, got %llu", AMDT_CHUNK_SIZE_MIN,
+                 AMDT_CHUNK_SIZE_MAX, (unsigned long long)cfg->chunk_size);
         goto error;
     }
     if (cfg->memory_bytes < cfg->chunk_size) {
@@ -53,8 +53,9 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
                  (unsigned long long)cfg->memory_bytes, (unsigned long long)cfg->chunk_size);
         goto error;
     }
-    if (cfg->max_threads < 1 || cfg->max_threads > 4096) {
-        snprintf(err, errlen, "max_threads must be in 1..4096, got %d", cfg->max_threads);
+    if (cfg->max_threads < 1 || cfg->max_threads > AMDT_MAX_THREADS) {
+        snprintf(err, errlen, "max_threads must be in 1..%d, got %d", AMDT_MAX_THREADS,
+                 cfg->max_threads);
         goto error;
     }
     if (strlen(cfg->host) >= sizeof(s->host)) {
@@ -124,7 +125,9 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
     }
     amdt_debug("sender: %s:%d chunk %llu, %zu slots, %s", s->host, s->port,
                (unsigned long long)s->chunk_size, slots,
-               !s->zerocopy ? "copy" : s->tls != NULL ? "re-read + TLS" : "sendfile");
+               !s->zerocopy     ? "copy"
+               : s->tls != NULL ? "re-read + TLS"
+                                : "sendfile");
     return s;
 
 error_sys:
@@ -157,8 +160,8 @@ error:
 
 /* ---- files and the read queue --------------------------------------------------------- */
 
-static int amdt_check_chunk(const amdt_sender *s, uint64_t size, uint64_t offset,
-                            uint64_t length, char *err, size_t errlen)
+static int amdt_check_chunk(const amdt_sender *s, uint64_t size, uint64_t offset, uint64_t length,
+                            char *err, size_t errlen)
 {
     if (offset % s->chunk_size != 0) {
         snprintf(err, errlen, "offset %llu is not a multiple of chunk_size %llu",
@@ -167,15 +170,14 @@ static int amdt_check_chunk(const amdt_sender *s, uint64_t size, uint64_t offset
     }
     if (length == 0 || offset >= size || length > size - offset) {
         snprintf(err, errlen, "range (%llu, %llu) is empty or beyond the file size %llu",
-                 (unsigned long long)offset, (unsigned long long)length,
-                 (unsigned long long)size);
+                 (unsigned long long)offset, (unsigned long long)length, (unsigned long long)size);
         return -1;
     }
     if (length % s->chunk_size != 0 && offset + length != size) {
-        snprintf(err, errlen,
-                 "range (%llu, %llu): length must be whole chunks unless it ends at the file size %llu",
-                 (unsigned long long)offset, (unsigned long long)length,
-                 (unsigned long long)size);
+        snprintf(
+            err, errlen,
+            "range (%llu, %llu): length must be whole chunks unless it ends at the file size %llu",
+            (unsigned long long)offset, (unsigned long long)length, (unsigned long long)size);
         return -1;
     }
     return 0;
@@ -187,15 +189,16 @@ static uint64_t amdt_nchunks(uint64_t length, uint64_t chunk)
 }
 
 int amdt_sender_add_file(amdt_sender *s, uint32_t id, const char *path, uint64_t size,
-                         int64_t mtime_ns, const amdt_range *ranges, size_t nranges,
-                         char *err, size_t errlen)
+                         int64_t mtime_ns, const amdt_range *ranges, size_t nranges, char *err,
+                         size_t errlen)
 {
     amdt_sfile *f = NULL;
     uint64_t chunks = 0;
     int rc = -3;
 
     if (size == 0) {
-        snprintf(err, errlen, "file %u has size 0 (empty files are created by the session layer)", id);
+        snprintf(err, errlen, "file %u has size 0 (empty files are created by the session layer)",
+                 id);
         return -1;
     }
     for (size_t i = 0; i < nranges; i++) {
@@ -264,8 +267,8 @@ error:
 }
 
 /* Queue a requeue entry. Caller holds s->mu. front=1 for chunks that were already taken. */
-static int amdt_requeue_push_locked(amdt_sender *s, amdt_sfile *f, uint64_t offset,
-                                    uint32_t length, int front)
+static int amdt_requeue_push_locked(amdt_sender *s, amdt_sfile *f, uint64_t offset, uint32_t length,
+                                    int front)
 {
     amdt_requeue *r = malloc(sizeof(*r));
     if (r == NULL)
@@ -291,8 +294,8 @@ static int amdt_requeue_push_locked(amdt_sender *s, amdt_sfile *f, uint64_t offs
     return 0;
 }
 
-int amdt_sender_requeue(amdt_sender *s, uint32_t id, uint64_t offset, uint64_t length,
-                        char *err, size_t errlen)
+int amdt_sender_requeue(amdt_sender *s, uint32_t id, uint64_t offset, uint64_t length, char *err,
+                        size_t errlen)
 {
     int rc;
     pthread_mutex_lock(&s->mu);
@@ -580,8 +583,8 @@ fail:
     int first = amdt_fail_file_locked(s, f);
     pthread_mutex_unlock(&s->mu);
     if (first)
-        amdt_event_push(&s->events, AMDT_EV_FILE_ERROR, f->id, t->offset, t->length, err,
-                        "%s", msg);
+        amdt_event_push(&s->events, AMDT_EV_FILE_ERROR, f->id, t->offset, t->length, err, "%s",
+                        msg);
     return 0;
 }
 
@@ -959,8 +962,11 @@ static void amdt_net_body(amdt_worker *w)
         amdt_worker_set_state(w, AMDT_STATE_BUSY);
         amdt_throttle_wait(w, amdt_throttle_reserve(w, slot->length)); /* pace before sending */
         uint8_t hdr[AMDT_FRAME_HDR_LEN];
-        amdt_frame_hdr h = {.magic = AMDT_FRAME_MAGIC, .file_id = slot->file_id,
-                            .offset = slot->offset, .length = slot->length, .flags = 0,
+        amdt_frame_hdr h = {.magic = AMDT_FRAME_MAGIC,
+                            .file_id = slot->file_id,
+                            .offset = slot->offset,
+                            .length = slot->length,
+                            .flags = 0,
                             .hash = slot->hash ^ amdt_frame_mix(slot->file_id, slot->offset)};
         amdt_frame_encode(hdr, &h);
         int corrupt = amdt_take_fault(s);
@@ -980,9 +986,8 @@ static void amdt_net_body(amdt_worker *w)
             amdt_net_done(s, slot, 1);
             amdt_close_conn(s, w, &link);
             if (err != ECANCELED && err != ENODATA) {
-                amdt_event_push(&s->events, AMDT_EV_CONN_ERROR, 0, 0, 0, err,
-                                "send to %s:%d: %s", s->host, s->port,
-                                amdt_strerror(err, ebuf, sizeof(ebuf)));
+                amdt_event_push(&s->events, AMDT_EV_CONN_ERROR, 0, 0, 0, err, "send to %s:%d: %s",
+                                s->host, s->port, amdt_strerror(err, ebuf, sizeof(ebuf)));
                 amdt_worker_set_state(w, AMDT_STATE_IDLE);
                 amdt_backoff(w, fails++);
             }

@@ -14,10 +14,10 @@
 
 #include "common.h"
 
-#include <sys/types.h>
 #include "pool.h"
 #include "stage.h"
 #include "tls.h"
+#include <sys/types.h>
 
 typedef struct amdt_range {
     uint64_t offset;
@@ -32,7 +32,7 @@ typedef struct amdt_sfile {
     int64_t mtime_ns;
     amdt_range *ranges;
     size_t nranges;
-    size_t range_idx;     /* read cursor: ranges[range_idx].offset + range_pos */
+    size_t range_idx; /* read cursor: ranges[range_idx].offset + range_pos */
     uint64_t range_pos;
     uint64_t cursor_left; /* chunks left under the cursor */
     uint64_t requeued;    /* requeue entries that point at this file */
@@ -77,7 +77,7 @@ typedef struct amdt_sender {
     int port;
     struct sockaddr_storage addr;
     socklen_t addrlen;
-    uint8_t token[32];
+    uint8_t token[AMDT_TOKEN_LEN];
     uint64_t chunk_size;
     int sndbuf;
     amdt_tls *tls; /* NULL: plain connections */
@@ -90,12 +90,12 @@ typedef struct amdt_sender {
     amdt_map files;
     amdt_sfile *q_head, *q_tail;
     amdt_requeue *rq_head, *rq_tail;
-    uint64_t pending;        /* queued to read + staged + in flight */
+    uint64_t pending; /* queued to read + staged + in flight */
     uint64_t files_failed;
 
     uint64_t chunks_sent, chunks_requeued, frames_corrupted; /* atomics */
     uint64_t tcp_segs_closed, tcp_retrans_closed; /* of closed connections, under net.mu */
-    int fault_corrupt;                                       /* atomic */
+    int fault_corrupt;                            /* atomic */
 
     amdt_pool pool;
     amdt_stage read, net;
@@ -114,11 +114,11 @@ typedef struct amdt_sender_stats {
 amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errlen);
 /* 0 ok; -1 invalid argument (err says why); -2 duplicate id; -3 out of memory. */
 int amdt_sender_add_file(amdt_sender *s, uint32_t id, const char *path, uint64_t size,
-                         int64_t mtime_ns, const amdt_range *ranges, size_t nranges,
-                         char *err, size_t errlen);
+                         int64_t mtime_ns, const amdt_range *ranges, size_t nranges, char *err,
+                         size_t errlen);
 /* 1 queued; 0 ignored (the file failed); -1 unknown id; -2 invalid range (err); -3 ENOMEM. */
-int amdt_sender_requeue(amdt_sender *s, uint32_t id, uint64_t offset, uint64_t length,
-                        char *err, size_t errlen);
+int amdt_sender_requeue(amdt_sender *s, uint32_t id, uint64_t offset, uint64_t length, char *err,
+                        size_t errlen);
 /* Drop every chunk of the file not yet sent (queued, requeued or staged); frames being
  * sent finish. No event. 0 ok; -1 unknown id. */
 int amdt_sender_cancel_file(amdt_sender *s, uint32_t id);

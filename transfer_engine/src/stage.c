@@ -309,7 +309,8 @@ amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes)
     }
     if (st->total_bps != 0) {
         uint64_t tnow = amdt_now_ns();
-        if (!waited && st->total_next_ns + AMDT_THROTTLE_SLACK_NS > tnow && st->total_next_ns < tnow)
+        if (!waited && st->total_next_ns + AMDT_THROTTLE_SLACK_NS > tnow &&
+            st->total_next_ns < tnow)
             tnow = st->total_next_ns;
         uint64_t start = st->total_next_ns > tnow ? st->total_next_ns : tnow;
         st->total_next_ns = start + amdt_pace_ns(bytes, st->total_bps);

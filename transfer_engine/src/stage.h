@@ -23,23 +23,29 @@
 
 #include "common.h"
 
-enum amdt_state { AMDT_STATE_OFF = 0, AMDT_STATE_IDLE, AMDT_STATE_BUSY, AMDT_STATE_WAIT, AMDT_NSTATES };
+enum amdt_state {
+    AMDT_STATE_OFF = 0,
+    AMDT_STATE_IDLE,
+    AMDT_STATE_BUSY,
+    AMDT_STATE_WAIT,
+    AMDT_NSTATES
+};
 
 typedef struct amdt_stage amdt_stage;
 
 typedef struct amdt_worker {
     amdt_stage *stage;
     int index;
-    int has_thread;  /* a pthread exists for this slot and was not joined yet (stage->mu) */
-    int exited;      /* its body returned; join before reusing the slot (stage->mu) */
+    int has_thread; /* a pthread exists for this slot and was not joined yet (stage->mu) */
+    int exited;     /* its body returned; join before reusing the slot (stage->mu) */
     pthread_t tid;
-    int state;       /* stage->mu */
+    int state; /* stage->mu */
     uint64_t since_ns;
     uint64_t acc_ns[AMDT_NSTATES];
     uint64_t thr_next_ns; /* per-thread throttle clock (stage->thr_mu) */
-    int thr_waited;       /* set (atomically) when the worker waits or idles: no catch-up after it */
-    int sock;        /* socket owned by this thread, -1 if none (stage->mu) */
-    void *ctx;       /* per-thread data given to amdt_stage_spawn() */
+    int thr_waited; /* set (atomically) when the worker waits or idles: no catch-up after it */
+    int sock;       /* socket owned by this thread, -1 if none (stage->mu) */
+    void *ctx;      /* per-thread data given to amdt_stage_spawn() */
 } amdt_worker;
 
 typedef void (*amdt_worker_fn)(amdt_worker *w);

@@ -169,7 +169,8 @@ ssize_t amdt_link_send2(amdt_link *l, const void *a, size_t alen, const void *b,
     if (l->ssl == NULL) {
         struct iovec iov[2] = {{.iov_base = (void *)a, .iov_len = alen},
                                {.iov_base = (void *)b, .iov_len = blen}};
-        struct msghdr mh = {.msg_iov = alen ? iov : iov + 1, .msg_iovlen = (alen ? 1 : 0) + (blen ? 1 : 0)};
+        struct msghdr mh = {.msg_iov = alen ? iov : iov + 1,
+                            .msg_iovlen = (alen ? 1 : 0) + (blen ? 1 : 0)};
         return sendmsg(l->fd, &mh, MSG_NOSIGNAL);
     }
     const void *buf = alen ? a : b;

@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define AMDT_TLS_KEY_LEN 32
+#include "constants.h" /* AMDT_TLS_KEY_LEN */
 
 typedef struct amdt_tls amdt_tls; /* one per engine: the SSL_CTX and the key */
 

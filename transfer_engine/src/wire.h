@@ -18,22 +18,15 @@
  * Journal record (receiver side, one per written chunk, appended with one write()):
  *   char magic[4] = "AMJR", uint32 length, uint64 offset, uint64 hash (of the payload alone),
  *   uint64 check = XXH3_64bits(first 24 bytes of the record)                  (32 bytes)
+ *
+ * The magics, sizes and field offsets are in constants.h (exported to Python: automdt/journal.py
+ * reads the records with the same layout).
  */
 #ifndef AMDT_WIRE_H
 #define AMDT_WIRE_H
 
 #include "common.h"
-
-#define AMDT_HELLO_MAGIC "AMDTDATA"
-#define AMDT_HELLO_MAGIC_LEN 8
-#define AMDT_TOKEN_LEN 32
-#define AMDT_HELLO_LEN (AMDT_HELLO_MAGIC_LEN + AMDT_TOKEN_LEN)
-
-#define AMDT_FRAME_MAGIC 0x43444D41u
-#define AMDT_FRAME_HDR_LEN 32
-
-#define AMDT_JOURNAL_MAGIC "AMJR"
-#define AMDT_JOURNAL_REC_LEN 32
+#include "hash.h"
 
 /* splitmix64 finaliser of (file_id, offset): XORed into the frame's payload hash. */
 static inline uint64_t amdt_frame_mix(uint32_t file_id, uint64_t offset)
@@ -71,6 +64,21 @@ static inline void amdt_frame_decode(amdt_frame_hdr *h, const uint8_t in[AMDT_FR
     h->length = amdt_get_le32(in + 16);
     h->flags = amdt_get_le32(in + 20);
     h->hash = amdt_get_le64(in + 24);
+}
+
+_Static_assert(sizeof(AMDT_HELLO_MAGIC) - 1 == AMDT_HELLO_MAGIC_LEN, "hello magic length");
+_Static_assert(sizeof(AMDT_JOURNAL_MAGIC) - 1 == AMDT_JOURNAL_MAGIC_LEN, "journal magic length");
+_Static_assert(AMDT_JOURNAL_REC_CHECK + 8 == AMDT_JOURNAL_REC_LEN, "journal record size");
+
+/* One journal record of a written chunk (see above). */
+static inline void amdt_journal_encode(uint8_t out[AMDT_JOURNAL_REC_LEN], uint32_t length,
+                                       uint64_t offset, uint64_t payload_hash)
+{
+    memcpy(out, AMDT_JOURNAL_MAGIC, AMDT_JOURNAL_MAGIC_LEN);
+    amdt_put_le32(out + AMDT_JOURNAL_REC_LENGTH, length);
+    amdt_put_le64(out + AMDT_JOURNAL_REC_OFFSET, offset);
+    amdt_put_le64(out + AMDT_JOURNAL_REC_HASH, payload_hash);
+    amdt_put_le64(out + AMDT_JOURNAL_REC_CHECK, amdt_hash64(out, AMDT_JOURNAL_REC_CHECK));
 }
 
 #endif /* AMDT_WIRE_H */

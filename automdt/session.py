@@ -1,0 +1,518 @@
+"""One sender's session on the receiver: the handshake and the message handlers.
+
+A :class:`Session` is the orchestration layer (rclone's ``fs/sync`` to the single-file operations
+of :mod:`automdt.partial`): it runs the handshake state machine, plans each manifest entry
+(skip, create empty, send), activates files in a bounded window (each one a
+:class:`~automdt.partial.PartialFile` registered with the session's engine), pumps the engine's
+events (rename completed files into place, collect bad chunks and errors for the next poll) and
+counts what it did in an :class:`Accounting`. :class:`automdt.receiver.ReceiverServer` routes
+messages to sessions. Message flow: ``automdt/PROTOCOL.md``.
+
+States::
+
+    new --hello--> challenged --auth--> authed --open--> open --close (or drop, idle)--> closed
+"""
+from __future__ import annotations
+
+import errno
+import hmac
+import logging
+import os
+import shutil
+import stat
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from automdt import errors, journal, protocol
+from automdt.partial import PartialFile, missing_ranges, need_transfer
+from automdt.paths import SCRATCH_PREFIX, SafeRoot, UnsafePath, check_relpath
+from automdt.transfer_engine import SESSION_CHUNK_SIZE_MAX, SESSION_CHUNK_SIZE_MIN
+
+log = logging.getLogger("automdt.receiver")  # the daemon's one log (the name operators filter on)
+
+MIN_CHUNK, MAX_CHUNK = SESSION_CHUNK_SIZE_MIN, SESSION_CHUNK_SIZE_MAX
+MAX_ACTIVE_FILES = 4096
+
+HANDSHAKE_STATES = ("new", "challenged")
+"""States of a session that has not proven the secret yet (bounded and timed out separately)."""
+
+
+class SessionError(Exception):
+    """A request the session refuses: the error reply carries ``code``."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Accounting:
+    """What one session did, for its closing log line and the metrics (rclone's ``accountValues``)."""
+
+    files_completed: int = 0
+    """Files renamed into place (or created empty)."""
+    files_failed: int = 0
+    """Files that failed on this end or that the sender gave up."""
+    chunks_missing: int = 0
+    """Chunks the sender was told to send again after a lost connection."""
+    bytes_needed: int = 0
+    """Bytes the plan expects to write (checked against the free space)."""
+    bytes_written: int = 0
+    """Bytes the write stage wrote, taken when the engine closes."""
+
+
+class Session:
+    """One sender's transfer into ``root``/``subdir``.
+
+    :param server: the :class:`automdt.receiver.ReceiverServer` (its settings, claims and metrics).
+    :param ident: the sender's ZeroMQ routing id.
+    :param peer: the sender's address, for the log.
+    """
+
+    def __init__(self, server: Any, ident: bytes, peer: str = ""):
+        self.server = server
+        self.ident = ident
+        self.sid = ident.hex()
+        """The whole routing id in hex (ZeroMQ's ids share their first bytes: never cut it)."""
+        self.peer = peer
+        self.state = "new"
+        self.last_seen = time.monotonic()
+        self.t_open = 0.0
+        # handshake
+        self.client_nonce = ""
+        self.server_nonce = protocol.nonce()
+        self.token = b""
+        # what ``open`` set up
+        self.engine: Any = None
+        self.root: Optional[SafeRoot] = None
+        self.base: Tuple[str, ...] = ()
+        self.chunk_size = 0
+        self.fsync = "none"
+        self.checksum = False
+        self.dry_run = False
+        self.scratch = False
+        # files
+        self.files: Dict[int, PartialFile] = {}
+        """Planned files still to complete (active or not)."""
+        self.n_active = 0
+        """Files open and registered with the engine now (kept as a count: the activation limit
+        is checked once per file, and counting 20,000 files each time was quadratic)."""
+        self.took_over: set = set()
+        """Sessions this one took files over from (logged once each)."""
+        # reported at the next poll
+        self.done: List[int] = []
+        self.bad: List[List[int]] = []
+        self.file_errors: List[List[Any]] = []
+        self.fatal: Optional[Tuple[int, str]] = None
+        self.accounting = Accounting()
+        self._handlers: Dict[str, Callable[[Any], protocol.Message]] = {
+            "hello": self._hello, "auth": self._auth, "open": self._open, "manifest": self._manifest,
+            "activate": self._activate, "poll": self._poll, "missing": self._missing, "fail": self._fail,
+            "digest": self._digest, "close": self._close_msg,
+        }
+
+    # ----------------------------------------------------------------- messages
+    def handle(self, msg: Dict[str, Any]) -> protocol.Message:
+        """Answer one decoded request (:func:`automdt.protocol.decode`); raises :class:`SessionError`."""
+        self.last_seen = time.monotonic()
+        kind = msg["type"]
+        self._check_state(kind)
+        request = protocol.REQUESTS.get(kind)
+        if request is None:
+            raise SessionError(f"unknown message type {kind!r}", errors.USAGE)
+        return self._handlers[kind](request.from_dict(msg))
+
+    def _check_state(self, kind: str) -> None:
+        """The handshake state machine: which request may come in which state."""
+        if kind == "hello":
+            if self.state != "new":
+                raise SessionError("repeated hello", errors.USAGE)
+        elif kind == "auth":
+            if self.state != "challenged":
+                raise SessionError("auth out of order", errors.USAGE)
+        elif self.state not in ("authed", "open"):
+            raise SessionError("not authenticated", errors.FATAL)
+        elif kind == "open":
+            if self.state != "authed":
+                raise SessionError("repeated open", errors.USAGE)
+        elif self.state != "open":
+            raise SessionError(f"{kind!r} before 'open'", errors.USAGE)
+
+    def _hello(self, req: protocol.Hello) -> protocol.Challenge:
+        if req.version != protocol.VERSION:
+            raise SessionError(f"protocol version {req.version!r} not supported (this receiver speaks {protocol.VERSION})", errors.USAGE)
+        self.client_nonce = req.nonce[:128]
+        self.state = "challenged"
+        return protocol.Challenge(self.server_nonce, self.server.secret is not None)
+
+    def _auth(self, req: protocol.Auth) -> protocol.Welcome:
+        secret = self.server.secret
+        reply = protocol.Welcome()
+        if secret is not None:
+            want = protocol.mac(secret, "client", self.server_nonce, self.client_nonce)
+            if not hmac.compare_digest(req.mac if req.mac is not None else "", want):
+                self.server.auth_failures += 1
+                raise SessionError("authentication failed: wrong secret", errors.FATAL)
+            reply.mac = protocol.mac(secret, "server", self.client_nonce, self.server_nonce)
+            self.token = protocol.data_token(secret, self.server_nonce, self.client_nonce)
+        else:
+            self.token = os.urandom(32)
+            reply.token = self.token.hex()
+        self.state = "authed"
+        return reply
+
+    def _open(self, req: protocol.Open) -> protocol.Opened:
+        from automdt.transfer_engine import Receiver
+
+        srv = self.server
+        encrypt = req.encrypt
+        if srv.encrypt and not encrypt:
+            raise SessionError("this receiver requires encryption (use --encrypt)", errors.USAGE)
+        if encrypt and srv.secret is None:
+            raise SessionError("encryption needs a shared secret on both ends (--secret-file)", errors.USAGE)
+        try:
+            self.base = check_relpath(req.subdir) if req.subdir else ()
+        except UnsafePath as e:
+            raise SessionError(f"destination subdirectory refused: {e}", errors.USAGE) from e
+        self.scratch = req.scratch
+        if self.scratch and not (self.base and self.base[-1].startswith(SCRATCH_PREFIX)):
+            raise SessionError(f"a scratch subdirectory must be named {SCRATCH_PREFIX}*", errors.USAGE)
+        chunk = req.chunk_size
+        if not MIN_CHUNK <= chunk <= MAX_CHUNK:
+            raise SessionError(f"chunk size {chunk} outside [{MIN_CHUNK}, {MAX_CHUNK}]", errors.USAGE)
+        memory = max(chunk, min(srv.max_memory if req.memory is None else req.memory, srv.max_memory))
+        self.chunk_size = chunk
+        self.fsync = req.fsync
+        self.checksum = req.checksum
+        self.dry_run = req.dry_run
+        self.root = SafeRoot(srv.root, max_cached=srv.dir_cache)
+        try:
+            if self.scratch:
+                self._remove_scratch()  # left by an exploration that was killed: start empty
+            self.dest.dir_fd(self.base, create=not self.dry_run)
+        except FileNotFoundError:
+            if not self.dry_run:
+                raise
+        except UnsafePath as e:
+            raise SessionError(str(e), errors.FILES_FAILED) from e
+        key = protocol.data_key(srv.secret, self.server_nonce, self.client_nonce) if encrypt else None
+        wt = (int(req.write_throttle[0]), int(req.write_throttle[1]))
+        self.engine = Receiver(srv.host, 0, self.token, chunk, memory, max_threads=srv.max_threads,
+                               write_throttle=wt, rcvbuf=req.rcvbuf or 0, tls_key=key)
+        self.engine.set_threads(srv.clamp_threads(req.write_threads))
+        self.state = "open"
+        self.t_open = time.monotonic()
+        log.info("session %s%s opened: into %s%s (chunk %d, buffer %d bytes%s%s)", self.sid,
+                 f" from {self.peer}" if self.peer else "", srv.root, "/" + "/".join(self.base) if self.base else "",
+                 chunk, memory, ", encrypted" if encrypt else "", ", dry run" if self.dry_run else "")
+        return protocol.Opened(self.engine.port, chunk, memory, srv.max_threads, encrypt, runtime_throttle=True)
+
+    @property
+    def dest(self) -> SafeRoot:
+        """The destination root (from ``open`` until the session closes)."""
+        if self.root is None:
+            raise SessionError("the session is not open", errors.USAGE)
+        return self.root
+
+    # ----------------------------------------------------------------- planning
+    def _manifest(self, req: protocol.Manifest) -> protocol.Plan:
+        plan: List[Tuple[int, str]] = []
+        root = self.dest
+        for d in req.dirs:
+            try:
+                parts = check_relpath(d)
+                if not self.dry_run:
+                    root.dir_fd(self.base + parts, create=True)
+            except UnsafePath as ex:
+                raise SessionError(f"refused: {ex}", errors.FILES_FAILED) from ex
+        entries = req.files
+        if len(self.files) + len(entries) > self.server.max_files:
+            raise SessionError(f"manifest over the receiver's limit of {self.server.max_files} files", errors.USAGE)
+        for wire in entries:  # one by one: a malformed entry ends the plan there
+            try:
+                parts = check_relpath(wire.get("path"))
+                entry = protocol.ManifestEntry.from_dict(wire)
+            except UnsafePath as ex:
+                raise SessionError(f"refused: {ex}", errors.FILES_FAILED) from ex
+            except (KeyError, TypeError, ValueError):
+                raise SessionError(f"malformed manifest entry {str(wire)[:80]}", errors.USAGE) from None
+            fid, size = entry.id, entry.size
+            if size < 0 or fid < 0 or fid >= 2**32 or fid in self.files:
+                raise SessionError(f"malformed manifest entry {str(wire)[:80]}", errors.USAGE)
+            f = PartialFile(fid, entry.path, self.base + parts, size, entry.mtime_ns, entry.mode & 0o777,
+                            entry.source_id, (entry.digest or "")[:64] if self.checksum else "")
+            try:
+                action = self._plan_file(f, entry.digest)
+            except UnsafePath as ex:
+                self._file_error([fid, errors.FILES_FAILED, f"{f.path}: {ex}"])
+                action = "fail"
+            except OSError as ex:
+                code = errors.from_oserror(ex)
+                action = "fail"
+                self._file_error([fid, code, f"{f.path}: {ex.strerror}"])
+                if code == errors.FATAL:
+                    raise SessionError(f"{f.path}: {ex.strerror}", code) from ex
+            if action == "send" and not self.dry_run:
+                self.files[fid] = f
+                self.accounting.bytes_needed += size - self._partial_bytes(f)
+            plan.append((fid, action))
+        if not self.dry_run:
+            self._check_space()
+        return protocol.Plan(plan)
+
+    def _plan_file(self, f: PartialFile, digest: Optional[str]) -> str:
+        """``skip`` (the destination matches), ``done`` (created empty now) or ``send``."""
+        try:
+            dfd = self.dest.dir_fd(f.parts[:-1], create=not self.dry_run)
+        except FileNotFoundError:
+            return "send"  # dry run: the directory does not exist yet
+        if not need_transfer(dfd, f, self.checksum, digest):
+            return "skip"
+        if f.size == 0 and not self.dry_run:
+            f.create_empty(dfd, fsync=self.fsync != "none")
+            self.accounting.files_completed += 1
+            return "done"
+        return "send"
+
+    def _partial_bytes(self, f: PartialFile) -> int:
+        """Bytes a resumable partial of ``f`` already holds on disk (0 if none)."""
+        try:
+            dfd = self.dest.dir_fd(f.parts[:-1], create=False)
+        except (OSError, UnsafePath):
+            return 0
+        return f.partial_bytes(dfd)
+
+    def _check_space(self) -> None:
+        try:
+            st = os.statvfs(self.dest.fd)
+        except OSError:
+            return
+        free = st.f_bavail * st.f_frsize
+        need = self.accounting.bytes_needed
+        if need > free:
+            self.dest.remove_created()  # no empty tree left behind by a refused transfer
+            raise SessionError(f"not enough space: destination {self.server.root} has {free} bytes free, "
+                               f"the transfer needs up to {need}", errors.FATAL)
+
+    def _file_error(self, entry: List[Any]) -> None:
+        """Report ``[file id, exit code, message]`` to the sender at its next poll."""
+        self.file_errors.append(entry)
+        self.accounting.files_failed += 1
+
+    # ----------------------------------------------------------------- partial files
+    def _activate(self, req: protocol.Activate) -> protocol.Activated:
+        out: List[Tuple[int, str, List[List[int]]]] = []
+        for fid in req.ids:
+            f = self.files.get(fid)
+            if f is None or f.active:
+                raise SessionError(f"activate: unknown or active file id {fid}", errors.USAGE)
+            if self.n_active >= MAX_ACTIVE_FILES:
+                raise SessionError(f"more than {MAX_ACTIVE_FILES} files active at once", errors.USAGE)
+            try:
+                ranges = self._open_partial(f)
+            except UnsafePath as ex:
+                self._file_error([f.id, errors.FILES_FAILED, f"{f.path}: {ex}"])
+                out.append((f.id, "fail", []))
+                continue
+            except OSError as ex:
+                self._file_error([f.id, errors.from_oserror(ex), f"{f.path}: {ex.strerror}"])
+                out.append((f.id, "fail", []))
+                continue
+            if not ranges:
+                self._finalize(f)
+                out.append((f.id, "done", []))
+            else:
+                out.append((f.id, "send", ranges))
+        return protocol.Activated(out)
+
+    def _open_partial(self, f: PartialFile) -> List[List[int]]:
+        """Open (or resume) the partial file; register it with the engine; return ranges to send."""
+        dfd = self.dest.dir_fd(f.parts[:-1])
+        cs = self.chunk_size
+        nchunks = f.chunks(cs)
+        self.server.claim(self, f)
+        done = f.open(dfd, cs)
+        self.n_active += 1
+        if len(done) == nchunks:
+            return []
+        if not done:
+            self.engine.add_file(f.id, f.data_fd, f.journal_fd, f.size)
+            return [[0, f.size]]
+        self.engine.add_file(f.id, f.data_fd, f.journal_fd, f.size, journal.bitmap(done, nchunks))
+        return missing_ranges(done, nchunks, cs, f.size)
+
+    def _finalize(self, f: PartialFile) -> None:
+        """All chunks written and verified: set metadata, (fsync,) rename into place."""
+        dfd = self.dest.dir_fd(f.parts[:-1])
+        f.seal(fsync=self.fsync in ("file", "dir"))
+        self._release(f)
+        f.rename_into_place(dfd, fsync_dir=self.fsync == "dir")
+        del self.files[f.id]
+        self.done.append(f.id)
+        self.accounting.files_completed += 1
+
+    def _release(self, f: PartialFile) -> None:
+        """Stop writing ``f``: unregister it from the engine and close its descriptors (its partial
+        and journal stay on disk)."""
+        self.server.unclaim(self, f)
+        if f.active and self.engine is not None:
+            try:
+                self.engine.remove_file(f.id)
+            except (KeyError, ValueError):
+                pass
+        if f.close():
+            self.n_active -= 1
+
+    def give_up(self, f: PartialFile, why: str) -> None:
+        """Another session takes ``f``'s destination over: stop writing it, never rename it, and
+        report it failed (``why``) to this session's sender."""
+        self._release(f)
+        self.files.pop(f.id, None)
+        self._file_error([f.id, errors.FILES_FAILED, f"{f.path}: {why}"])
+
+    def _discard_partial(self, f: PartialFile) -> None:
+        try:
+            dfd = self.dest.dir_fd(f.parts[:-1], create=False)
+        except (OSError, UnsafePath):
+            return
+        f.discard(dfd)
+
+    # ----------------------------------------------------------------- during the transfer
+    def _poll(self, req: protocol.Poll) -> protocol.Status:
+        if req.write_threads is not None:
+            self.engine.set_threads(self.server.clamp_threads(req.write_threads))
+        if req.write_throttle is not None:  # a throttle schedule's entry became due
+            t, total = (max(0, x) for x in req.write_throttle)
+            self.engine.set_throttle("write", t, total)
+        self.pump()
+        st = self.engine.stats()
+        reply = protocol.Status(st.to_json(), self.done, self.bad, self.file_errors,
+                                list(self.fatal) if self.fatal else None, time.monotonic())
+        self.done, self.bad, self.file_errors = [], [], []
+        return reply
+
+    def _missing(self, req: protocol.Missing) -> protocol.MissingRanges:
+        out: Dict[str, List[List[int]]] = {}
+        for fid in req.ids:
+            f = self.files.get(fid)
+            if f is not None and f.active:
+                ranges = [list(r) for r in self.engine.missing(f.id)]
+                out[str(f.id)] = ranges
+                self.accounting.chunks_missing += sum(-(-r[1] // self.chunk_size) for r in ranges)
+        return protocol.MissingRanges(out)
+
+    def _fail(self, req: protocol.Fail) -> protocol.Ok:
+        for fid in req.ids:
+            f = self.files.pop(fid, None)
+            if f is not None:
+                self._release(f)  # the partial and its journal stay for a later run ...
+                self.accounting.files_failed += 1
+                if req.discard:  # ... unless the source is gone or unreadable: then they are debris
+                    self._discard_partial(f)
+        return protocol.Ok()
+
+    def _digest(self, req: protocol.Digest) -> protocol.Digests:
+        """Content digests (automdt.verify) of destination files, for ``verify``."""
+        from automdt.verify import chunked_digest_fd
+
+        out: Dict[str, Optional[str]] = {}
+        unreadable: Dict[str, str] = {}  # present but not readable (None in ``digests`` too)
+        for path in req.paths:
+            out[path] = None
+            try:
+                parts = self.base + check_relpath(path)
+                dfd = self.dest.dir_fd(parts[:-1], create=False)
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except UnsafePath as e:
+                unreadable[path] = str(e)
+                continue
+            except OSError as e:
+                unreadable[path] = "a symlink (not followed)" if e.errno == errno.ELOOP else (e.strerror or str(e)).lower()
+                continue
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode):
+                    out[path] = chunked_digest_fd(fd, st.st_size, self.chunk_size)
+            except OSError as e:
+                unreadable[path] = (e.strerror or str(e)).lower()
+            finally:
+                os.close(fd)
+        return protocol.Digests(out, unreadable)
+
+    def _close_msg(self, req: protocol.Close) -> protocol.Closed:
+        self.pump()
+        self.close()
+        return protocol.Closed()
+
+    # ------------------------------------------------------------------ engine
+    def pump(self) -> None:
+        """Drain engine events: finalize completed files, collect bad chunks and errors."""
+        if self.engine is None:
+            return
+        for ev in self.engine.events():
+            kind = ev[0]
+            if kind == "file_done":
+                f = self.files.get(ev[1])
+                if f is None:
+                    continue
+                try:
+                    self._finalize(f)
+                except OSError as ex:
+                    self._file_error([f.id, errors.from_oserror(ex), f"{f.path}: rename: {ex.strerror}"])
+                    self._release(f)
+                    self.files.pop(f.id, None)
+            elif kind == "chunk_bad":
+                self.bad.append([ev[1], ev[2], ev[3]])
+            elif kind == "write_error":
+                f = self.files.get(ev[1])
+                name = f.path if f else f"file #{ev[1]}"
+                code = errors.from_oserror(ev[2])
+                msg = f"{name}: {ev[3] if len(ev) > 3 else os.strerror(ev[2])}"
+                if code == errors.FATAL and self.fatal is None:
+                    self.fatal = (code, msg)
+                elif code != errors.FATAL:
+                    self._file_error([ev[1], code, msg])
+            else:
+                log.warning("session %s: %s", self.sid, " ".join(str(x) for x in ev[1:]))
+
+    def _remove_scratch(self) -> None:
+        """Remove this session's scratch directory (never following a symlink: ``rmtree`` by fd)."""
+        parent = self.dest.dir_fd(self.base[:-1], create=False)
+        try:
+            shutil.rmtree(self.base[-1], dir_fd=parent)
+        except FileNotFoundError:
+            pass
+
+    def close(self, why: str = "closed by the sender") -> None:
+        if self.state == "closed":
+            return
+        partial = len(self.files)
+        for f in list(self.files.values()):
+            self._release(f)
+        self.files.clear()
+        if self.server.metrics is not None:
+            self.server.metrics.session_closed(self)
+        acct = self.accounting
+        if self.engine is not None:
+            try:
+                acct.bytes_written = int(self.engine.stats().write.bytes)
+            except Exception:  # totals are a courtesy; the close must happen
+                pass
+            self.engine.close()
+            self.engine = None
+        if self.state == "open":
+            log.info("session %s %s: %d files completed, %d failed, %d left partial; %d bytes written in %.1f s",
+                     self.sid, why, acct.files_completed, acct.files_failed, partial, acct.bytes_written,
+                     time.monotonic() - self.t_open)
+        if self.root is not None:
+            if self.scratch:
+                try:
+                    self._remove_scratch()
+                except (OSError, UnsafePath) as e:
+                    log.warning("session %s: cannot remove scratch %s: %s", self.sid, "/".join(self.base), e)
+            self.root.close()
+            self.root = None
+        self.state = "closed"
