@@ -8,8 +8,7 @@ below load lazily (PEP 562), so ``automdt.agents.base`` (what the controller nee
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from automdt.lazy import lazy_attributes
 
 _WHERE = {
     "Policy": "base",
@@ -29,14 +28,4 @@ __all__ = ["Policy", "clamp_triple", "make_policy", "available_policies", "regis
            "globus_policy", "MarlinPolicy", "FalconPolicy", "HeuristicPolicy", "ModelBasedPolicy"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_attributes(__name__, _WHERE, globals())

@@ -15,8 +15,7 @@ The names below are loaded lazily (PEP 562): importing ``automdt.simulator.types
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from automdt.lazy import lazy_attributes
 
 _WHERE = {
     "ENV_ID": "env",
@@ -43,14 +42,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_attributes(__name__, _WHERE, globals())
