@@ -8,6 +8,10 @@ and its journal, :mod:`automdt.journal`) and their lifecycle::
                                                \\-> close() (failed or interrupted: the partial stays)
                                                    \\-> discard() (the source is gone: it does not)
 
+A file smaller than one chunk has no journal: it is written by one chunk, so there is nothing to
+resume part of (a partial left by a killed run is written afresh, as one chunk would be resent
+anyway); that saves creating, writing and removing a journal per small file.
+
 :func:`need_transfer` decides whether a destination file already matches its source.
 The session (:mod:`automdt.session`) orchestrates: it registers the open file with the engine and
 calls these steps; every call here works beneath a directory descriptor from
@@ -18,7 +22,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import AbstractSet, List, Optional, Tuple
 
 from automdt import journal
 from automdt.manifest import file_digest
@@ -49,6 +53,12 @@ class PartialFile:
     """Open and (unless every chunk was already there) registered with the engine."""
     partial: bool = False
     """The plan found a partial (``.part``) to resume; without one, :meth:`open` creates afresh."""
+    stale_journal: bool = True
+    """Something may have the journal's name that this run did not create (a journal left by an
+    earlier run): it is removed with the partial. False when the plan's directory listing showed
+    no such name."""
+    journaled: bool = False
+    """The open partial has a journal (every file of at least one chunk)."""
     _temp: Optional[Tuple[str, str]] = None
 
     def temp_names(self) -> Tuple[str, str]:
@@ -66,6 +76,13 @@ class PartialFile:
         return journal.fingerprint(self.path, self.size, self.mtime_ns, chunk_size, self.source_id, self.digest)
 
     # ------------------------------------------------------------------ planning
+    def see_listing(self, names: AbstractSet[str]) -> None:
+        """Take :attr:`partial` and :attr:`stale_journal` from a listing of the file's directory
+        (instead of a ``stat`` of each name)."""
+        tmp, jname = self.temp_names()
+        self.partial = tmp in names
+        self.stale_journal = jname in names
+
     def partial_bytes(self, dfd: int) -> int:
         """Bytes a resumable partial already holds on disk in directory ``dfd`` (0 if none).
         Marks the file :attr:`partial` when anything has the partial's name."""
@@ -78,9 +95,8 @@ class PartialFile:
 
     def create_empty(self, dfd: int, fsync: bool) -> None:
         """An empty file needs no data: create it with its metadata and rename it into place now."""
-        tmp, jname = temp_names(self.path)
-        unlink(tmp, dfd)
-        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        tmp, jname = self.temp_names()
+        fd = create(tmp, dfd, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             os.fchmod(fd, self.mode)
             os.utime(fd, ns=(self.mtime_ns, self.mtime_ns))
@@ -89,15 +105,23 @@ class PartialFile:
         finally:
             os.close(fd)
         os.rename(tmp, self.parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
-        unlink(jname, dfd)
+        if self.stale_journal:
+            unlink(jname, dfd)
 
     # ------------------------------------------------------------------ lifecycle
     def open(self, dfd: int, chunk_size: int) -> List[int]:
         """Open the partial and its journal in ``dfd``, resuming when the journal is ours, matches
         this source and its chunks re-hash correctly; otherwise create both afresh (anything left
         under the names is unlinked first, never opened). Returns the indices of the chunks that
-        are already on disk; the file is then :attr:`active`."""
+        are already on disk; the file is then :attr:`active`. A file smaller than one chunk gets
+        no journal and is always created afresh."""
         tmp, jname = self.temp_names()
+        if self.size < chunk_size:
+            if self.stale_journal:  # an earlier run's journal (e.g. of another chunk size): debris now
+                unlink(jname, dfd)
+                self.stale_journal = False
+            self.data_fd, self.journal_fd, self.journaled, self.active = create(tmp, dfd, _RW), -1, False, True
+            return []
         fp = self.fingerprint(chunk_size)
         data_fd = jfd = -1
         try:
@@ -121,7 +145,7 @@ class PartialFile:
                     os.close(fd)
             data_fd, jfd = self._create(dfd, fp, chunk_size)
             done = []
-        self.data_fd, self.journal_fd, self.active = data_fd, jfd, True
+        self.data_fd, self.journal_fd, self.journaled, self.active = data_fd, jfd, True, True
         return done
 
     def _create(self, dfd: int, fp: bytes, chunk_size: int) -> Tuple[int, int]:
@@ -159,24 +183,29 @@ class PartialFile:
         """Atomically replace the destination with the sealed, closed partial; drop the journal."""
         tmp, jname = self.temp_names()
         os.rename(tmp, self.parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
-        unlink(jname, dfd)
+        if self.journaled or self.stale_journal:
+            unlink(jname, dfd)
         if fsync_dir:
             os.fsync(dfd)
 
     def discard(self, dfd: int) -> None:
         """Remove the partial and its journal (a source that is gone makes them debris)."""
-        for name in temp_names(self.path):
+        for name in self.temp_names():
             try:
                 unlink(name, dfd)
             except OSError:
                 pass
 
 
-def need_transfer(dfd: int, f: PartialFile, checksum: bool, digest: Optional[str]) -> bool:
+def need_transfer(dfd: int, f: PartialFile, checksum: bool, digest: Optional[str],
+                  names: Optional[AbstractSet[str]] = None) -> bool:
     """Whether the destination ``f.parts[-1]`` in ``dfd`` must be (re)written: it is missing or not
     a regular file, its size differs, or its content digest (``checksum``; with the sender's
-    ``digest``) or else its mtime differs. Raises :class:`UnsafePath` when a directory has the name."""
+    ``digest``) or else its mtime differs. Raises :class:`UnsafePath` when a directory has the name.
+    ``names``: the directory's entries when known (a name not among them is missing: no ``stat``)."""
     name = f.parts[-1]
+    if names is not None and name not in names:
+        return True
     try:
         st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:

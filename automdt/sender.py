@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 MANIFEST_BATCH = 2000
 """Files per ``manifest`` request (and directories per one)."""
-ACTIVATE_BATCH = 256
-"""Files per ``activate`` request."""
+ACTIVATE_BATCH = 512
+"""Most files per ``activate`` request (the default window in one request)."""
 DIGEST_BATCH = 500
 """Files per ``digest`` request of ``--verify``."""
 DIGEST_TIMEOUT_S = 300.0
@@ -594,8 +594,8 @@ class _Transfer:
                 return
             if self.clock is not None:
                 self._follow_schedule(ctrl, now)
+            self._poll()  # first: the files it reports done make room that _activate fills at once
             self._activate()
-            self._poll()
             self._engine_events()
             st = self.engine.stats()
             written = self._watch(st, now)

@@ -22,7 +22,7 @@ import shutil
 import stat
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import AbstractSet, Any, Callable, Dict, List, Optional, Tuple
 
 from automdt import errors, journal, protocol
 from automdt.partial import PartialFile, missing_ranges, need_transfer
@@ -33,6 +33,9 @@ log = logging.getLogger("automdt.receiver")  # the daemon's one log (the name op
 
 MIN_CHUNK, MAX_CHUNK = SESSION_CHUNK_SIZE_MIN, SESSION_CHUNK_SIZE_MAX
 MAX_ACTIVE_FILES = 4096
+LISTING_NAMES_MAX = 200_000
+"""Directory entries a session keeps from the listings its plan takes (one listing per directory
+instead of a ``stat`` of each file's name and partial's name); past this it ``stat``s."""
 
 HANDSHAKE_STATES = ("new", "challenged")
 """States of a session that has not proven the secret yet (bounded and timed out separately)."""
@@ -100,6 +103,12 @@ class Session:
         is checked once per file, and counting 20,000 files each time was quadratic)."""
         self.took_over: set = set()
         """Sessions this one took files over from (logged once each)."""
+        self._listings: Dict[Tuple[str, ...], Optional[AbstractSet[str]]] = {}
+        """Entries of each destination directory the plan looked at, when listed (:meth:`_listing`)."""
+        self._listing_budget = LISTING_NAMES_MAX
+        self._fresh_dirs: set = set()
+        """Directories this session created (empty when created: no listing needed)."""
+        self._created_seen = 0
         # reported at the next poll
         self.done: List[int] = []
         self.bad: List[List[int]] = []
@@ -242,8 +251,9 @@ class Session:
                 raise SessionError(f"malformed manifest entry {str(wire)[:80]}", errors.USAGE)
             f = PartialFile(fid, entry.path, self.base + parts, size, entry.mtime_ns, entry.mode & 0o777,
                             entry.source_id, (entry.digest or "")[:64] if self.checksum else "")
+            partial = 0
             try:
-                action = self._plan_file(f, entry.digest)
+                action, partial = self._plan_file(f, entry.digest)
             except UnsafePath as ex:
                 self._file_error([fid, errors.FILES_FAILED, f"{f.path}: {ex}"])
                 action = "fail"
@@ -255,33 +265,65 @@ class Session:
                     raise SessionError(f"{f.path}: {ex.strerror}", code) from ex
             if action == "send" and not self.dry_run:
                 self.files[fid] = f
-                self.accounting.bytes_needed += size - self._partial_bytes(f)
+                self.accounting.bytes_needed += size - partial
             plan.append((fid, action))
         if not self.dry_run:
             self._check_space()
         return protocol.Plan(plan)
 
-    def _plan_file(self, f: PartialFile, digest: Optional[str]) -> str:
-        """``skip`` (the destination matches), ``done`` (created empty now) or ``send``."""
+    def _plan_file(self, f: PartialFile, digest: Optional[str]) -> Tuple[str, int]:
+        """``skip`` (the destination matches), ``done`` (created empty now) or ``send``, with the
+        bytes a resumable partial of a file to send already holds on disk (0 if none)."""
+        parts = f.parts[:-1]
         try:
-            dfd = self.dest.dir_fd(f.parts[:-1], create=not self.dry_run)
+            dfd = self.dest.dir_fd(parts, create=not self.dry_run)
         except FileNotFoundError:
-            return "send"  # dry run: the directory does not exist yet
-        if not need_transfer(dfd, f, self.checksum, digest):
-            return "skip"
+            return "send", 0  # dry run: the directory does not exist yet
+        names = self._listing(parts, dfd)
+        if names is not None:
+            f.see_listing(names)
+        if not need_transfer(dfd, f, self.checksum, digest, names):
+            return "skip", 0
         if f.size == 0 and not self.dry_run:
             f.create_empty(dfd, fsync=self.fsync != "none")
             self.accounting.files_completed += 1
-            return "done"
-        return "send"
+            return "done", 0
+        if self.dry_run or (names is not None and not f.partial):
+            return "send", 0
+        return "send", f.partial_bytes(dfd)
 
-    def _partial_bytes(self, f: PartialFile) -> int:
-        """Bytes a resumable partial of ``f`` already holds on disk (0 if none)."""
-        try:
-            dfd = self.dest.dir_fd(f.parts[:-1], create=False)
-        except (OSError, UnsafePath):
-            return 0
-        return f.partial_bytes(dfd)
+    def _listing(self, parts: Tuple[str, ...], dfd: int) -> Optional[AbstractSet[str]]:
+        """The entries of destination directory ``parts`` (open as ``dfd``), listed once per
+        session: the plan looks names up here instead of ``stat``ing two names per file. None
+        (``stat`` each name) past :data:`LISTING_NAMES_MAX` entries or when it cannot be listed.
+        A directory this session created is empty. Like a ``stat``, a listing is what the
+        directory held when the plan looked; the partial is created with ``O_EXCL`` and the
+        destination replaced by ``rename`` whatever appeared since."""
+        if parts in self._listings:
+            return self._listings[parts]
+        created = self.dest.created
+        if len(created) != self._created_seen:
+            self._fresh_dirs.update(created[self._created_seen:])
+            self._created_seen = len(created)
+        names: Optional[AbstractSet[str]] = None
+        if parts in self._fresh_dirs:
+            names = frozenset()
+        elif self._listing_budget > 0:
+            found: List[str] = []
+            try:
+                with os.scandir(dfd) as it:
+                    for e in it:
+                        found.append(e.name)
+                        if len(found) > self._listing_budget:
+                            break
+            except OSError:
+                found = []
+            else:
+                if len(found) <= self._listing_budget:
+                    names = frozenset(found)
+            self._listing_budget -= len(found)
+        self._listings[parts] = names
+        return names
 
     def _check_space(self) -> None:
         try:
