@@ -79,6 +79,9 @@ class PartialFile:
     def see_listing(self, names: AbstractSet[str]) -> None:
         """Take :attr:`partial` and :attr:`stale_journal` from a listing of the file's directory
         (instead of a ``stat`` of each name)."""
+        if not names:  # a new directory: no need to hash the names yet
+            self.partial = self.stale_journal = False
+            return
         tmp, jname = self.temp_names()
         self.partial = tmp in names
         self.stale_journal = jname in names

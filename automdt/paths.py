@@ -44,10 +44,11 @@ def check_relpath(name: str) -> Tuple[str, ...]:
     if len(raw) > MAX_PATH_BYTES:
         raise UnsafePath(f"unsafe name {name[:60]!r}...: longer than {MAX_PATH_BYTES} bytes")
     parts = tuple(name.split("/"))
+    long = len(raw) > MAX_COMPONENT_BYTES  # else no component can be (names are checked per file)
     for p in parts:
         if p in ("", ".", ".."):
             raise UnsafePath(f"unsafe name {name!r}: has an empty, '.' or '..' component")
-        if len(os.fsencode(p)) > MAX_COMPONENT_BYTES:
+        if long and len(os.fsencode(p)) > MAX_COMPONENT_BYTES:
             raise UnsafePath(f"unsafe name {name[:60]!r}: a component is longer than {MAX_COMPONENT_BYTES} bytes")
     if parts[-1].startswith(TEMP_PREFIX):
         raise UnsafePath(f"unsafe name {name!r}: reserved for AutoMDT's temporary files")
