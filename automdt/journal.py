@@ -1,7 +1,8 @@
 """Journals of partial files on the receiver, so a killed transfer resumes without resending.
 
 A partial file ``.amdt-<h>.part`` sits beside its final name with a journal
-``.amdt-<h>.journal``. The journal starts with a 64-byte header binding it to one version of
+``.amdt-<h>.journal`` (only a file of at least one chunk: a smaller one is written by a single
+chunk, so :mod:`automdt.partial` gives it none and rewrites it whole after an interruption). The journal starts with a 64-byte header binding it to one version of
 one source file, then one 32-byte record per chunk written (appended by the engine's write
 threads right after the chunk's ``pwrite``)::
 
