@@ -165,6 +165,9 @@ class Summary:
     errors: List[str] = field(default_factory=list)
     encrypted: bool = False
     """The data connections (and the control channel) were encrypted."""
+    link: str = ""
+    """How chunks went to the receiver: ``"tcp"`` (data connections), ``"local"`` (a local destination:
+    the in-process receiver took each chunk's buffer, no socket); empty when no engine ran."""
     verified: Optional[int] = None
     """With ``--verify``: files whose content digest matched on both ends."""
     differences: Optional[List[str]] = None
@@ -624,6 +627,7 @@ class _Transfer:
                              read_throttle=_ints(th.get("read", (0, 0))), net_throttle=_ints(th.get("net", (0, 0))),
                              sndbuf=self.o.sndbuf, fault_corrupt=self.o.fault_corrupt, tls_key=self.tls_key,
                              local=self._local_receiver())
+        self.summary.link = "local" if self.engine.local else "tcp"
 
     def _local_receiver(self) -> Any:
         """The engine of this transfer's session in the in-process receiver, for the local link; None:

@@ -326,10 +326,10 @@ static PyGetSetDef Sender_getset[] = {
 };
 
 static PyType_Slot Sender_slots[] = {
-    {Py_tp_doc,
-     "Sender(host, port, token, chunk_size, memory_bytes, max_threads=64, "
-     "read_thread_bps=0, read_total_bps=0, net_thread_bps=0, net_total_bps=0, "
-     "sndbuf=0, fault_corrupt=0, read_threads=1, net_threads=1, tls_key=None, zerocopy=True, local=None)"},
+    {Py_tp_doc, "Sender(host, port, token, chunk_size, memory_bytes, max_threads=64, "
+                "read_thread_bps=0, read_total_bps=0, net_thread_bps=0, net_total_bps=0, "
+                "sndbuf=0, fault_corrupt=0, read_threads=1, net_threads=1, tls_key=None, "
+                "zerocopy=True, local=None)"},
     {Py_tp_new, Sender_new},
     {Py_tp_init, Sender_init},
     {Py_tp_dealloc, amdt_py_dealloc},

@@ -64,8 +64,7 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
     }
     if (cfg->local != NULL && cfg->local->chunk_size != cfg->chunk_size) {
         snprintf(err, errlen, "chunk_size %llu differs from the local receiver's %llu",
-                 (unsigned long long)cfg->chunk_size,
-                 (unsigned long long)cfg->local->chunk_size);
+                 (unsigned long long)cfg->chunk_size, (unsigned long long)cfg->local->chunk_size);
         goto error;
     }
     if (strlen(cfg->host) >= sizeof(s->host)) {
@@ -141,10 +140,10 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
     }
     amdt_debug("sender: %s:%d chunk %llu, %zu slots, %s", s->host, s->port,
                (unsigned long long)s->chunk_size, slots,
-               s->local != NULL  ? "local link"
-               : !s->zerocopy    ? "copy"
-               : s->tls != NULL  ? "re-read + TLS"
-                                 : "sendfile");
+               s->local != NULL ? "local link"
+               : !s->zerocopy   ? "copy"
+               : s->tls != NULL ? "re-read + TLS"
+                                : "sendfile");
     return s;
 
 error_sys:
@@ -965,7 +964,8 @@ static void amdt_net_body_local(amdt_worker *w)
         }
 
         amdt_worker_set_state(w, AMDT_STATE_BUSY);
-        amdt_throttle_wait(w, amdt_throttle_reserve(w, slot->length)); /* pace before handing over */
+        amdt_throttle_wait(w,
+                           amdt_throttle_reserve(w, slot->length)); /* pace before handing over */
         amdt_frame_hdr h = {.magic = AMDT_FRAME_MAGIC,
                             .file_id = slot->file_id,
                             .offset = slot->offset,

@@ -67,7 +67,7 @@ typedef struct amdt_sender_cfg {
     int fault_corrupt;
     int read_threads, net_threads; /* started at construction */
     const uint8_t *tls_key; /* AMDT_TLS_KEY_LEN bytes: TLS on every data connection; NULL: plain */
-    int zerocopy; /* stage references, not bytes: sendfile() from the page cache (plain), or
+    int zerocopy;         /* stage references, not bytes: sendfile() from the page cache (plain), or
                    * re-read in pieces for TLS */
     amdt_receiver *local; /* a receiver in this process: the local link instead of connections
                            * to host:port (plain only; chunks are staged as bytes, not
