@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("transfer", help="copy a directory tree to a local directory or a running receiver",
                        description="Copy the contents of SRC (a directory, or one file) to DEST: a local directory "
-                                   "(a receiver then runs inside this process over loopback) or HOST:PORT[/SUBDIR] "
+                                   "(a receiver then runs inside this process; chunks reach it without a socket) or HOST:PORT[/SUBDIR] "
                                    "of a running `automdt receive`. Files already complete and identical "
                                    "(size and mtime, or content with --checksum) are skipped; interrupted files "
                                    "resume from their journals.", epilog=EPILOG_EXIT)
