@@ -416,11 +416,11 @@ def _throttle_option(spec: str):
 
 
 def _check_memory(nbytes: int) -> None:
-    try:
-        import psutil
-
-        total = psutil.virtual_memory().total
-    except Exception:  # no limit known
+    try:  # physical memory, without importing psutil on the transfer path (start-up)
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # no limit known
+        return
+    if total <= 0:
         return
     if 2 * nbytes > total:
         from automdt.units import format_bytes
