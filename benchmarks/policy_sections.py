@@ -54,17 +54,20 @@ def _read_log(path: str) -> List[Dict[str, Any]]:
 
 
 def log_metrics(lines: List[Dict[str, Any]], achievable_bps: float, min95: Sequence[int], bottleneck: int,
-                drop_tail: int = 1) -> Dict[str, Any]:
+                drop_tail: int = 1, interval_s: float = 1.0) -> Dict[str, Any]:
     """:func:`automdt.experiments.behaviour.metrics_of` on the lines of an interval log (the last
     ``drop_tail`` intervals are the dataset's end, not the policy's doing), with ``start``: the
-    log's ``start`` record (where the thread counts started and why; None if the log has none)."""
+    log's ``start`` record (where the thread counts started and why; None if the log has none).
+    The ramp is counted in steady intervals of time (``interval_s``, the run's ``--interval``) from
+    the log's ``t``, so shorter early intervals do not count as whole ones."""
     from automdt.experiments.behaviour import metrics_of
 
     intervals = [r for r in lines if "throughput" in r]
     body = intervals[:-drop_tail] if len(intervals) > drop_tail + 2 else intervals
     delivered = [r["throughput"]["write"] for r in body]
     threads = [[r["threads"][s] for s in ("read", "net", "write")] for r in body]
-    m = metrics_of(delivered, threads, achievable_bps, min95, bottleneck)
+    m = metrics_of(delivered, threads, achievable_bps, min95, bottleneck, ends_s=[float(r["t"]) for r in body],
+                   interval_s=interval_s)
     m["start"] = next((r["start"] for r in lines if "start" in r), None)
     return m
 
@@ -185,7 +188,9 @@ def section_ramp(ctx: Any) -> Dict[str, Any]:
                 ctx.transfer(data[rate], dest, *common, "--log", log, *extra, timeout=600)
                 m = log_metrics(_read_log(log), path.achievable_bps, min_threads_95(path), bottleneck_index(path))
                 out[kind].setdefault(name, []).append(m)
-                say(f"  {name:14s} {kind}: 90% in interval {m['ramp_intervals']}, start {start_label(m['start'])}, "
+                t90 = m["seconds_to_threshold"]
+                say(f"  {name:14s} {kind}: 90% in interval {m['ramp_intervals']} "
+                    f"({'never' if t90 is None else f'{t90:.2f} s'}), start {start_label(m['start'])}, "
                     f"sustained {m['sustained']:.2f}, settled {m['settled']}")
     shutil.rmtree(dest, ignore_errors=True)
     say()

@@ -36,3 +36,29 @@ def test_log_metrics_without_a_start_line_says_so():
     m = ps.log_metrics([_interval(1.0, 80 * MB)] * 4, 80 * MB, (8, 2, 2), 0)
     assert m["start"] is None and ps.start_label(m["start"]) == "?"
     assert m["ramp_intervals"] == 1
+
+
+def test_the_ramp_counts_steady_intervals_of_time_when_the_first_intervals_are_shorter():
+    """Two half intervals, then steady ones: capacity in the interval ending at 2.02 s is a ramp of 2
+    steady intervals (the third log line), and at 3.03 s a ramp of 3."""
+    from automdt.experiments.behaviour import metrics_of
+
+    rates = [30 * MB, 50 * MB, 78 * MB, 79 * MB, 80 * MB]
+    ends = [0.5, 1.0, 2.02, 3.03, 4.04]
+    m = metrics_of(rates, [(8, 2, 2)] * 5, 80 * MB, (8, 2, 2), 0, ends_s=ends, interval_s=1.0)
+    assert m["ramp_intervals"] == 2 and m["seconds_to_threshold"] == 2.02
+    m = metrics_of([30 * MB, 50 * MB, 60 * MB, 79 * MB, 80 * MB], [(8, 2, 2)] * 5, 80 * MB, (8, 2, 2), 0,
+                   ends_s=ends, interval_s=1.0)
+    assert m["ramp_intervals"] == 3 and m["seconds_to_threshold"] == 3.03
+    m = metrics_of([78 * MB] * 3, [(8, 2, 2)] * 3, 80 * MB, (8, 2, 2), 0, ends_s=[0.5, 1.0, 2.0])
+    assert m["ramp_intervals"] == 1  # a half interval at capacity is within the first interval
+    # without times every interval is a steady one: the third is a ramp of 3
+    assert metrics_of(rates, [(8, 2, 2)] * 5, 80 * MB, (8, 2, 2), 0)["ramp_intervals"] == 3
+
+
+def test_log_metrics_takes_the_times_from_the_log():
+    lines = [{"t": 0.0, "start": {"threads": {"read": 4, "net": 2, "write": 8}, "source": "cold"}}]
+    lines += [_interval(t, r) for t, r in ((0.5, 30 * MB), (1.0, 50 * MB), (2.01, 77 * MB), (3.02, 79 * MB),
+                                           (4.03, 80 * MB), (4.5, 10 * MB))]
+    m = ps.log_metrics(lines, 80 * MB, (8, 2, 2), 0)
+    assert m["ramp_intervals"] == 2 and m["seconds_to_threshold"] == 2.01
