@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("transfer", help="copy a directory tree to a local directory or a running receiver",
                        description="Copy the contents of SRC (a directory, or one file) to DEST: a local directory "
-                                   "(a receiver then runs inside this process over loopback) or HOST:PORT[/SUBDIR] "
+                                   "(a receiver then runs inside this process; chunks reach it without a socket) or HOST:PORT[/SUBDIR] "
                                    "of a running `automdt receive`. Files already complete and identical "
                                    "(size and mtime, or content with --checksum) are skipped; interrupted files "
                                    "resume from their journals.", epilog=EPILOG_EXIT)
@@ -416,11 +416,11 @@ def _throttle_option(spec: str):
 
 
 def _check_memory(nbytes: int) -> None:
-    try:
-        import psutil
-
-        total = psutil.virtual_memory().total
-    except Exception:  # no limit known
+    try:  # physical memory, without importing psutil on the transfer path (start-up)
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # no limit known
+        return
+    if total <= 0:
         return
     if 2 * nbytes > total:
         from automdt.units import format_bytes
@@ -926,8 +926,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _run_command(args)
 
 
+# Commands that drive a live transfer: their policy inference is one small matrix product per
+# control interval, so numpy's BLAS needs no thread pool (OpenBLAS starts one per core at import,
+# 0.05 CPU-s and a longer import here, taken from the transfer's own threads).
+LIVE_COMMANDS = ("transfer", "receive", "explore", "verify")
+
+
 def _run_command(args) -> int:
     logs = None
+    if args.command in LIVE_COMMANDS:
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+            os.environ.setdefault(var, "1")  # a user's own setting stays
     try:
         logs = _Logging(args).__enter__()
         if args.command != "transfer":  # (transfer acts on it where it can still write its summary)

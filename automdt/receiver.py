@@ -1,7 +1,8 @@
 """The destination side: a control server (pyzmq ROUTER) with one session per sender.
 
 ``automdt receive`` runs :class:`ReceiverServer` in the foreground; ``automdt transfer SRC DIR``
-runs one embedded in the sending process over loopback. The server authenticates nothing
+runs one embedded in the sending process (its engine takes the chunks over the local link:
+transfer_engine/PROTOCOL.md, "The local link"). The server authenticates nothing
 itself: it routes each sender's messages to its :class:`~automdt.session.Session` (the handshake,
 planning and message handlers), bounds how many sessions exist, makes sure one destination file
 has one writer at a time (:meth:`ReceiverServer.claim`), pumps every session's engine events and

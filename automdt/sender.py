@@ -121,6 +121,11 @@ class TransferOptions:
     session opens and removes it when the session closes."""
     data_endpoint_hook: Optional[Callable[[str, int], Tuple[str, int]]] = None
     """Test hook: maps the receiver's announced data endpoint (e.g. to a fault-injecting proxy)."""
+    local_link: bool = True
+    """A local destination: the sender engine hands each chunk's buffer to the in-process receiver
+    (the local link; no socket, no copy between the ends). Off (False, or the environment variable
+    ``AUTOMDT_LOCAL_LINK=0``), with ``encrypt`` or with ``data_endpoint_hook``: loopback TCP, as to
+    a remote receiver."""
     throttle_schedule: Any = None
     """A :class:`automdt.throttle.ThrottleSchedule` (``--throttle @FILE``): limits that change during
     the run; replaces ``throttle``. Read and network limits apply on this engine, write limits are
@@ -160,6 +165,9 @@ class Summary:
     errors: List[str] = field(default_factory=list)
     encrypted: bool = False
     """The data connections (and the control channel) were encrypted."""
+    link: str = ""
+    """How chunks went to the receiver: ``"tcp"`` (data connections), ``"local"`` (a local destination:
+    the in-process receiver took each chunk's buffer, no socket); empty when no engine ran."""
     verified: Optional[int] = None
     """With ``--verify``: files whose content digest matched on both ends."""
     differences: Optional[List[str]] = None
@@ -305,7 +313,7 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
         if opts.encrypt and not secret:
             raise AutomdtError("--encrypt needs --secret-file (the keys derive from the shared secret)", errors.USAGE)
     try:
-        return _Transfer(manifest, host, port, subdir, secret, opts, t_start).run()
+        return _Transfer(manifest, host, port, subdir, secret, opts, t_start, local_server=server).run()
     finally:
         if server is not None:
             with interrupts.shielded():
@@ -318,8 +326,10 @@ class _Transfer:
     loop fill them in."""
 
     def __init__(self, manifest: Manifest, host: str, port: int, subdir: str, secret: Optional[bytes],
-                 opts: TransferOptions, t_start: float):
+                 opts: TransferOptions, t_start: float, local_server: Any = None):
         self.m = manifest
+        self.local_server = local_server
+        """The in-process :class:`~automdt.receiver.ReceiverServer` of a local transfer, else None."""
         self.host, self.port, self.subdir = host, port, subdir
         self.secret = secret
         self.o = opts
@@ -615,7 +625,22 @@ class _Transfer:
         self.engine = Sender(self.data_host, self.data_port, self.token, self.chunk_size, self.o.memory,
                              max_threads=max(self.o.max_threads, 1),
                              read_throttle=_ints(th.get("read", (0, 0))), net_throttle=_ints(th.get("net", (0, 0))),
-                             sndbuf=self.o.sndbuf, fault_corrupt=self.o.fault_corrupt, tls_key=self.tls_key)
+                             sndbuf=self.o.sndbuf, fault_corrupt=self.o.fault_corrupt, tls_key=self.tls_key,
+                             local=self._local_receiver())
+        self.summary.link = "local" if self.engine.local else "tcp"
+
+    def _local_receiver(self) -> Any:
+        """The engine of this transfer's session in the in-process receiver, for the local link; None:
+        connect over TCP (a remote destination, ``--encrypt``, a test's endpoint hook, or the link
+        turned off)."""
+        srv = self.local_server
+        if (srv is None or not self.o.local_link or self.o.encrypt or self.o.data_endpoint_hook is not None
+                or os.environ.get("AUTOMDT_LOCAL_LINK") == "0"):
+            return None
+        for session in list(srv.sessions.values()):  # the server thread owns the dict: a snapshot
+            if session.token == self.token and session.engine is not None:
+                return session.engine
+        return None
 
     def _start_controller(self, log_file) -> Controller:
         """The controller: read and network counts go to the engine, the write count to the next poll."""

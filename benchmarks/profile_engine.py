@@ -2,7 +2,8 @@
 """Where a transfer's CPU goes: `perf` profiles of `automdt transfer`, broken down per activity.
 
 One profiled run of the CLI (after one untimed warm-up), tmpfs to tmpfs, in one or both of:
-  local   `automdt transfer SRC DSTDIR` (receiver in the same process, loopback TCP)
+  local   `automdt transfer SRC DSTDIR` (receiver in the same process, the local link;
+          AUTOMDT_LOCAL_LINK=0 in the environment: loopback TCP)
   netns   `automdt receive` in namespace B, `automdt transfer SRC 10.77.0.2:PORT` in namespace A,
           over a veth pair without a rate limit (benchmarks/netns.py)
 

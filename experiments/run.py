@@ -426,7 +426,7 @@ def _write_timeseries_experiment(name: str, st: Settings, rd: RunDir, scenarios:
                                  duration: float) -> Experiment:
     rd.write_csv("intervals.csv", interval_rows(results))
     rd.write_csv("runs.csv", [r.table_row() for r in results])
-    what = {"bottlenecks": f"Every policy on each bottleneck scenario for {duration:g} s (real engine, loopback TCP, "
+    what = {"bottlenecks": f"Every policy on each bottleneck scenario for {duration:g} s (real engine, local link, "
                            "engine throttles). Throughput = delivered (write-stage) bytes per second.",
             "convergence": f"The tuning policies on each scenario for {duration:g} s: time to reach and hold 90% of "
                            "the achievable throughput, and how still the thread counts are after it."}[name]
@@ -850,7 +850,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 EXPERIMENT_HELP = {
-    "bottlenecks": "Every policy on the read-, network- and write-bound scenarios (real engine, loopback TCP, "
+    "bottlenecks": "Every policy on the read-, network- and write-bound scenarios (real engine, local link, "
                    "engine throttles) for 15 s each (--quick: 3 s, policies ppo, marlin, oracle). Writes per-scenario "
                    "time series plots, a delivered-throughput overlay, intervals.csv, runs.csv and results.md with "
                    "the PPO-vs-Marlin checks (90% within 5 s, bottleneck threads, stability; n/a for runs under "

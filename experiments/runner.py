@@ -1,7 +1,7 @@
 """Running one policy on one scenario with the real engine, and the bookkeeping of a run directory.
 
 :func:`run_one` builds the policy (:func:`build_policy`), copies a generated dataset with
-:func:`automdt.sender.run_transfer` (real engine, real TCP on loopback, an embedded receiver)
+:func:`automdt.sender.run_transfer` (real engine, an embedded receiver fed over the local link)
 under the scenario's throttles, removes the copy, and returns a :class:`RunResult` with the
 flattened interval records and the metrics of :mod:`automdt.experiments.metrics`.
 :class:`RunDir` writes ``config.json``, CSVs and ``results.md`` into

@@ -61,7 +61,7 @@ sim_steps = 30                    # control intervals per simulated episode
 AutoMDT's claim is comparative: a joint PPO agent finds the bottleneck stage, gives it just
 enough threads, and stays there, where Marlin's three independent optimisers keep moving and
 monolithic settings waste threads. This notebook runs the policies **side by side on the real
-engine** (loopback TCP, the engine's per-thread and total rate limits playing the disks and the
+engine** (the local link, the engine's per-thread and total rate limits playing the disks and the
 link) with the same helpers as `python -m automdt.experiments bottlenecks`, then runs the same
 policies in the buffer **simulator** against the oracle.
 

@@ -55,8 +55,10 @@ class Sender:
         net_threads: int = 1,
         tls_key: bytes | None = None,
         zerocopy: bool = True,
+        local: Receiver | None = None,
     ) -> None: ...
     zerocopy: bool
+    local: bool
     def add_file(
         self,
         file_id: int,

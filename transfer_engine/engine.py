@@ -317,6 +317,11 @@ class Sender(_Engine):
         copy in the staging buffer; the buffer's byte cap then bounds what was read ahead and
         not sent yet). False, TLS, or the environment variable ``AUTOMDT_SENDFILE=0``: chunks
         are copied into the staging buffer and sent from there. See :attr:`zerocopy`.
+    :param local: a :class:`Receiver` of this process to hand chunks to over the local link
+        instead of connecting to (host, port): a network thread gives the receiver the buffer a
+        reader filled (no socket, no copy between the two ends; the receiver's writers verify
+        each chunk as always). Plain only (no ``tls_key``); the chunk sizes must match; chunks
+        are staged as bytes (``zerocopy`` is off). The sender keeps the receiver alive.
     """
 
     def __init__(
@@ -335,6 +340,7 @@ class Sender(_Engine):
         threads: tuple[int, int] = (1, 1),
         tls_key: Optional[bytes] = None,
         zerocopy: bool = True,
+        local: Optional[Receiver] = None,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise ValueError("host must be a non-empty string")
@@ -350,7 +356,12 @@ class Sender(_Engine):
         self.encrypted = tls_key is not None
         self._e = _engine.Sender(host, port, bytes(token), chunk_size, memory_bytes, max_threads,
                                  rt, rT, nt, nT, sndbuf, fault_corrupt, nr, nn, _check_key(tls_key),
-                                 bool(zerocopy))
+                                 bool(zerocopy), None if local is None else local._e)
+
+    @property
+    def local(self) -> bool:
+        """True when chunks go to a :class:`Receiver` of this process over the local link."""
+        return bool(self._e.local)
 
     @property
     def zerocopy(self) -> bool:

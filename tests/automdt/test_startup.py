@@ -97,3 +97,21 @@ def test_default_policy_imports_numpy_only_when_it_first_acts(make_tree, tmp_pat
     code, mods, msgs = _run(["transfer", src, str(tmp_path / "dst"), "-q", "--interval", "30"], tmp_path)
     assert code == 0, msgs
     assert "automdt" in mods and "numpy" not in mods and not mods & set(HEAVY)
+
+
+@pytest.mark.parametrize("user_value", [None, "3"])
+def test_live_commands_run_numpy_without_a_blas_thread_pool(make_tree, tmp_path, user_value):
+    """transfer/receive/explore/verify set OPENBLAS_NUM_THREADS=1 (and OMP_NUM_THREADS) before any
+    numpy import: a policy's inference needs no BLAS threads. A value the user set stays."""
+    src = make_tree({"a.bin": 3})
+    code = ("import os, sys\n"
+            "from automdt.cli import main\n"
+            "rc = main(['verify', sys.argv[1], sys.argv[2], '-q'])\n"
+            "print(rc, os.environ.get('OPENBLAS_NUM_THREADS'), os.environ.get('OMP_NUM_THREADS'))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    if user_value is not None:
+        env["OPENBLAS_NUM_THREADS"] = user_value
+    p = subprocess.run([sys.executable, "-c", code, src, src], capture_output=True, text=True, timeout=60, env=env)
+    rc, blas, omp = p.stdout.split()
+    assert rc == "0", p.stderr
+    assert blas == (user_value or "1") and omp == "1"

@@ -99,22 +99,41 @@ def test_thread_changes_during_transfer_keep_tree_identical(make_tree, tmp_path)
     assert trees_identical(src, dst)[0]
 
 
-def test_corrupt_chunks_on_the_wire_are_resent(make_tree, tmp_path):
+@pytest.mark.parametrize("link", ["local", "tcp"])
+def test_corrupt_chunks_on_the_wire_are_resent(make_tree, tmp_path, link):
     src = make_tree({"a.bin": 30 * CHUNK, "b.bin": 7 * CHUNK + 3})
     dst = str(tmp_path / "dst")
-    s = run_transfer(src, dst, opts(fault_corrupt=4))
+    s = run_transfer(src, dst, opts(fault_corrupt=4, local_link=link == "local"))
     assert s.exit_code == 0, s.errors
+    assert s.link == link
     assert s.chunks_resent >= 4
     assert trees_identical(src, dst)[0]
 
 
-def test_persistent_corruption_fails_with_integrity_code_and_renames_nothing(make_tree, tmp_path):
+@pytest.mark.parametrize("link", ["local", "tcp"])
+def test_persistent_corruption_fails_with_integrity_code_and_renames_nothing(make_tree, tmp_path, link):
     src = make_tree({"a.bin": 3 * CHUNK})
     dst = str(tmp_path / "dst")
-    s = run_transfer(src, dst, opts(fault_corrupt=10_000, chunk_retries=2))
+    s = run_transfer(src, dst, opts(fault_corrupt=10_000, chunk_retries=2, local_link=link == "local"))
     assert s.exit_code == errors.INTEGRITY
     assert s.integrity_failures >= 1
     assert not os.path.exists(os.path.join(dst, "a.bin"))
+
+
+def test_a_local_destination_takes_the_local_link_unless_turned_off(make_tree, tmp_path):
+    """The default command moves a local tree over the local link; AUTOMDT_LOCAL_LINK=0 and
+    --encrypt take loopback TCP. Every way gives the same tree."""
+    src = make_tree({f"d/f{i}": 5 * CHUNK + i for i in range(5)} | {"one": 1})
+    secret = tmp_path / "secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    for i, (env, extra, want) in enumerate([({}, (), "local"), ({"AUTOMDT_LOCAL_LINK": "0"}, (), "tcp"),
+                                            ({}, ("--encrypt", "--secret-file", str(secret)), "tcp")]):
+        dst = str(tmp_path / f"dst{i}")
+        code, summary, err = run_cli("transfer", src, dst, "--json", "--chunk-size", str(CHUNK), *extra, env=env)
+        assert code == 0, err
+        assert summary["link"] == want and summary["encrypted"] == bool(extra)
+        assert trees_identical(src, dst)[0]
 
 
 def test_interval_log_and_json_summary(make_tree, tmp_path):

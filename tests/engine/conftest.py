@@ -50,6 +50,8 @@ class Rig:
         self.token = os.urandom(32)
         self.rx = te.Receiver("127.0.0.1", 0, self.token, chunk, memory, threads=threads[2], **receiver_kw)
         register(self.rx)
+        if sender_kw.get("local") is True:  # the local link to this rig's receiver
+            sender_kw = {**sender_kw, "local": self.rx}
         self.tx = te.Sender("127.0.0.1", self.rx.port, self.token, chunk, memory,
                             threads=(threads[0], threads[1]), **sender_kw)
         register(self.tx)
@@ -126,7 +128,8 @@ def engines() -> Iterable[Callable[[Any], None]]:
 
 @pytest.fixture
 def rig(tmp_path: Any, engines: Callable[[Any], None]) -> Iterable[Callable[..., Rig]]:
-    """rig(chunk=..., memory=..., threads=(r, n, w), sender_kw={}, receiver_kw={}) -> Rig."""
+    """rig(chunk=..., memory=..., threads=(r, n, w), sender_kw={}, receiver_kw={}) -> Rig.
+    ``sender_kw={"local": True}``: the sender hands chunks to the rig's receiver over the local link."""
     made: list[Rig] = []
 
     def make(chunk: int = 64 * 1024, memory: int = 4 << 20, threads: tuple[int, int, int] = (2, 2, 2),

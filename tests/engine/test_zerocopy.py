@@ -45,10 +45,12 @@ def test_tls_re_reads_the_chunk_and_delivers_identical_bytes(rig):
     assert r.rx.stats().chunks_bad == 0
 
 
-@pytest.mark.parametrize("zerocopy", [True, False])
-def test_fault_hook_corrupts_after_hashing_on_both_paths(rig, zerocopy):
-    """The hook flips a payload byte after the hash was taken: the receiver refuses the chunk."""
-    r = rig(chunk=CHUNK, threads=(1, 1, 1), sender_kw={"fault_corrupt": 2, "zerocopy": zerocopy})
+@pytest.mark.parametrize("path", [{"zerocopy": True}, {"zerocopy": False}, {"local": True}],
+                         ids=["sendfile", "copy", "local-link"])
+def test_fault_hook_corrupts_after_hashing_on_every_path(rig, path):
+    """The hook flips a payload byte after the hash was taken: the receiver refuses the chunk (on the
+    local link the writer's check refuses the buffer the reader hashed)."""
+    r = rig(chunk=CHUNK, threads=(1, 1, 1), sender_kw={"fault_corrupt": 2, **path})
     r.add(1, 4 * CHUNK)
     wait_for(lambda: len(r.rx_kind("chunk_bad")) == 2, what="two chunk_bad events")
     for _, fid, off, ln in r.rx_kind("chunk_bad"):

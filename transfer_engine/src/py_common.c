@@ -23,6 +23,7 @@ void amdt_py_dealloc(PyObject *obj)
         free_engine(e);
         Py_END_ALLOW_THREADS
     }
+    Py_CLEAR(self->peer); /* after the join: no thread uses the peer's engine any more */
     tp->tp_free(obj);
     Py_DECREF(tp);
 }

@@ -46,6 +46,8 @@ typedef struct amdt_py_engine {
     void *engine;             /* amdt_sender * / amdt_receiver *; NULL until __init__ */
     const amdt_py_kind *kind; /* set by tp_new (amdt_py_new) */
     int closing;              /* close() started; relies on the GIL (no Py_mod_gil slot) */
+    PyObject *peer; /* Sender on the local link: the Receiver it hands chunks to, kept alive
+                     * until the sender's threads are joined (released after the engine) */
 } amdt_py_engine;
 
 /* The two types' specs (py_sender.c, py_receiver.c), instantiated by module.c. */
@@ -63,6 +65,9 @@ int amdt_py_init_once(amdt_py_engine *self);
 /* The end of __init__: start the engine from cfg without the GIL; 0, or -1 with kind->new_error
  * set to the engine's message. */
 int amdt_py_start(amdt_py_engine *self, const void *cfg);
+/* The engine of a Receiver object of this module (for the sender's local link), or NULL with
+ * TypeError / RuntimeError (closed). */
+void *amdt_py_receiver_engine(PyObject *obj);
 /* The engine for a call that changes it; NULL with RuntimeError once closed. */
 void *amdt_py_usable(amdt_py_engine *self);
 /* The engine for a call that only reads it (stats, events: allowed after close()). */

@@ -40,6 +40,17 @@ static const amdt_py_kind receiver_kind = {
     .stage = receiver_stage,
 };
 
+void *amdt_py_receiver_engine(PyObject *obj)
+{
+    if (Py_TYPE(obj)->tp_dealloc != amdt_py_dealloc ||
+        ((amdt_py_engine *)obj)->kind != &receiver_kind) {
+        PyErr_Format(PyExc_TypeError, "local must be a Receiver, got %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    return amdt_py_usable((amdt_py_engine *)obj);
+}
+
 /* ---- methods --------------------------------------------------------------------------- */
 
 static PyObject *Receiver_new(PyTypeObject *type, PyObject *args, PyObject *kwds)

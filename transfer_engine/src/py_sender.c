@@ -70,20 +70,22 @@ static int Sender_init(amdt_py_engine *self, PyObject *args, PyObject *kwds)
                              "net_threads",
                              "tls_key",
                              "zerocopy",
+                             "local",
                              NULL};
     const char *host;
     int port, max_threads = 64, sndbuf = 0, fault = 0, nr = 1, nn = 1, zerocopy = 1;
     Py_buffer tok = {0};
     long long chunk, mem, rt = 0, rT = 0, nt = 0, nT = 0;
-    PyObject *tls_obj = Py_None;
+    PyObject *tls_obj = Py_None, *local_obj = Py_None;
+    amdt_receiver *local = NULL;
     uint8_t tls_key[AMDT_TLS_KEY_LEN];
     const uint8_t *key;
 
     if (amdt_py_init_once(self) != 0)
         return -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLLLiiiiOp", kwlist, &host, &port, &tok,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLLLiiiiOpO", kwlist, &host, &port, &tok,
                                      &chunk, &mem, &max_threads, &rt, &rT, &nt, &nT, &sndbuf,
-                                     &fault, &nr, &nn, &tls_obj, &zerocopy))
+                                     &fault, &nr, &nn, &tls_obj, &zerocopy, &local_obj))
         return -1;
     if (amdt_py_check_engine_args(&tok, chunk, mem, tls_obj, tls_key, &key) != 0 ||
         amdt_py_check_nonneg(rt, "read_thread_bps") != 0 ||
@@ -91,6 +93,8 @@ static int Sender_init(amdt_py_engine *self, PyObject *args, PyObject *kwds)
         amdt_py_check_nonneg(nt, "net_thread_bps") != 0 ||
         amdt_py_check_nonneg(nT, "net_total_bps") != 0 ||
         amdt_py_check_range(port, 1, 65535, "port") != 0)
+        goto error;
+    if (local_obj != Py_None && (local = amdt_py_receiver_engine(local_obj)) == NULL)
         goto error;
     if (nr < 0 || nn < 0 || nr > max_threads || nn > max_threads) {
         PyErr_Format(PyExc_ValueError, "thread counts must be in 0..max_threads (%d)", max_threads);
@@ -113,8 +117,13 @@ static int Sender_init(amdt_py_engine *self, PyObject *args, PyObject *kwds)
         .net_threads = nn,
         .tls_key = key,
         .zerocopy = zerocopy,
+        .local = local,
     };
+    if (local != NULL)
+        self->peer = Py_NewRef(local_obj); /* before the threads start: they use its engine */
     int rc = amdt_py_start(self, &cfg);
+    if (rc != 0)
+        Py_CLEAR(self->peer);
     PyBuffer_Release(&tok);
     return rc;
 
@@ -282,6 +291,11 @@ static PyObject *Sender_get_zerocopy(amdt_py_engine *self, void *Py_UNUSED(closu
     return PyBool_FromLong(s != NULL && s->zerocopy);
 }
 
+static PyObject *Sender_get_local(amdt_py_engine *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->peer != NULL);
+}
+
 /* ---- the type -------------------------------------------------------------------------- */
 
 static PyMethodDef Sender_methods[] = {
@@ -306,14 +320,16 @@ static PyGetSetDef Sender_getset[] = {
     AMDT_PY_ENGINE_GETSET,
     {"zerocopy", (getter)Sender_get_zerocopy, NULL,
      "True when payloads go out with sendfile() (plain connections, not AUTOMDT_SENDFILE=0)", NULL},
+    {"local", (getter)Sender_get_local, NULL,
+     "True when chunks go to a Receiver of this process over the local link", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyType_Slot Sender_slots[] = {
-    {Py_tp_doc,
-     "Sender(host, port, token, chunk_size, memory_bytes, max_threads=64, "
-     "read_thread_bps=0, read_total_bps=0, net_thread_bps=0, net_total_bps=0, "
-     "sndbuf=0, fault_corrupt=0, read_threads=1, net_threads=1, tls_key=None, zerocopy=True)"},
+    {Py_tp_doc, "Sender(host, port, token, chunk_size, memory_bytes, max_threads=64, "
+                "read_thread_bps=0, read_total_bps=0, net_thread_bps=0, net_total_bps=0, "
+                "sndbuf=0, fault_corrupt=0, read_threads=1, net_threads=1, tls_key=None, "
+                "zerocopy=True, local=None)"},
     {Py_tp_new, Sender_new},
     {Py_tp_init, Sender_init},
     {Py_tp_dealloc, amdt_py_dealloc},

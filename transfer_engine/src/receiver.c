@@ -704,6 +704,65 @@ static void amdt_writer_body(amdt_worker *w)
     }
 }
 
+/* ---- the local link (see receiver.h) ------------------------------------------------ */
+
+void amdt_receiver_local_attach(amdt_receiver *r, int delta)
+{
+    if (delta > 0) {
+        __atomic_fetch_add(&r->connections, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&r->connections_total, 1, __ATOMIC_RELAXED);
+    } else {
+        __atomic_fetch_sub(&r->connections, 1, __ATOMIC_RELAXED);
+    }
+}
+
+int amdt_receiver_local_deliver(amdt_receiver *r, amdt_worker *w, const amdt_frame_hdr *h,
+                                uint8_t **data, uint64_t payload_hash)
+{
+    char msg[AMDT_EVENT_MSG];
+    int rc = 0;
+    amdt_slot *slot = NULL;
+
+    /* Announce the use before looking at the stop flag; close() sets the flag before it waits
+     * for the count to drop to zero (both sides fenced), so the pool outlives every use. */
+    __atomic_fetch_add(&r->local_users, 1, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (amdt_stopping(&r->stop)) {
+        rc = ECANCELED;
+        goto out;
+    }
+    if (amdt_validate_frame(r, h, msg, sizeof(msg)) != 0) {
+        __atomic_fetch_add(&r->protocol_errors, 1, __ATOMIC_RELAXED);
+        amdt_event_push(&r->events, AMDT_EV_PROTOCOL_ERROR, h->file_id, h->offset, h->length, 0,
+                        "%s from the local sender", msg);
+        rc = EPROTO;
+        goto out;
+    }
+    /* Waiting for room in the receiver staging buffer: the sender thread is held up downstream,
+     * as a connection's thread is when its socket is full. */
+    amdt_worker_set_state(w, AMDT_STATE_WAIT);
+    while (slot == NULL && !amdt_stopping(&r->stop) && !amdt_stopping(w->stage->stop))
+        slot = amdt_pool_get(&r->pool, h->length, AMDT_WAIT_MS);
+    amdt_worker_set_state(w, AMDT_STATE_BUSY);
+    if (slot == NULL) {
+        rc = ECANCELED;
+        goto out;
+    }
+    uint8_t *empty = slot->data;
+    slot->data = *data;
+    *data = empty;
+    slot->file = NULL;
+    slot->file_id = h->file_id;
+    slot->offset = h->offset;
+    slot->hash = h->hash;
+    slot->payload_hash = payload_hash;
+    amdt_stage_add_bytes(&r->recv, h->length);
+    amdt_pool_push(&r->pool, slot);
+out:
+    __atomic_fetch_sub(&r->local_users, 1, __ATOMIC_SEQ_CST);
+    return rc;
+}
+
 /* ---- control ----------------------------------------------------------------------- */
 
 int amdt_receiver_set_threads(amdt_receiver *r, int nwrite, int *old_write)
@@ -756,6 +815,13 @@ void amdt_receiver_close(amdt_receiver *r)
     pthread_mutex_lock(&r->mu);
     pthread_cond_broadcast(&r->cv_removed);
     pthread_mutex_unlock(&r->mu);
+    /* A local sender's thread may be handing over a chunk: it sees the stop flag within one
+     * pool wait (AMDT_WAIT_MS) and gives up; its slot memory must stay until then. */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&r->local_users, __ATOMIC_SEQ_CST) > 0) {
+        amdt_pool_wake(&r->pool);
+        amdt_sleep_until(amdt_now_ns() + 1000000ULL, NULL, NULL, 0);
+    }
     amdt_pool_release(&r->pool);
     amdt_debug("receiver: closed");
 }

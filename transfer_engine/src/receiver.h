@@ -21,6 +21,7 @@
 #include "pool.h"
 #include "stage.h"
 #include "tls.h"
+#include "wire.h"
 
 typedef struct amdt_rfile {
     uint32_t id;
@@ -65,6 +66,7 @@ typedef struct amdt_receiver {
 
     uint64_t chunks_written, chunks_bad, chunks_duplicate, chunks_orphaned; /* atomics */
     uint64_t connections, connections_total, connections_rejected, protocol_errors;
+    uint64_t local_users; /* atomic: local-link deliveries in progress (close waits for 0) */
 
     amdt_pool pool;
     amdt_stage recv, write;
@@ -92,6 +94,26 @@ int amdt_receiver_missing(amdt_receiver *r, uint32_t id, uint64_t **out, size_t 
 int amdt_receiver_set_threads(amdt_receiver *r, int nwrite, int *old_write);
 void amdt_receiver_get_stats(amdt_receiver *r, amdt_receiver_stats *out);
 void amdt_receiver_close(amdt_receiver *r);
+
+/* ---- the local link (a sender in the same process) ------------------------------------------
+ * A local transfer runs both ends in one process. Its sender's network threads then hand each
+ * chunk to the receiver through these calls instead of a loopback connection: the frame header
+ * is checked exactly as one that came over a connection, the thread waits for a free slot of
+ * the receiver's staging buffer (the back-pressure a full socket gives), and the chunk's
+ * buffer changes hands: the receiver slot takes the sender's filled buffer and gives its empty
+ * one back, so no byte is copied between the sender's read and the receiver's write. The
+ * writer verifies the chunk as always (PROTOCOL.md, "The local link"). */
+
+/* One sender network thread starts (+1) or stops (-1) using the link: counted as a connection. */
+void amdt_receiver_local_attach(amdt_receiver *r, int delta);
+/* Deliver one chunk. *data: a buffer of the receiver's slot size holding h->length payload
+ * bytes; on success it is swapped for an empty buffer of the same size. payload_hash: the XXH3
+ * of those bytes (the writer compares it with h->hash). w: the calling sender thread, whose
+ * state is WAIT while it waits for room. Returns 0; ECANCELED when either side stops (w's
+ * stage stop flag or the receiver's); EPROTO when the header is invalid for the file table
+ * (a protocol-error event is queued, as for a connection). */
+int amdt_receiver_local_deliver(amdt_receiver *r, amdt_worker *w, const amdt_frame_hdr *h,
+                                uint8_t **data, uint64_t payload_hash);
 void amdt_receiver_free(amdt_receiver *r);
 
 #endif /* AMDT_RECEIVER_H */

@@ -58,6 +58,15 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
                  cfg->max_threads);
         goto error;
     }
+    if (cfg->local != NULL && cfg->tls_key != NULL) {
+        snprintf(err, errlen, "the local link carries no TLS (both ends are in this process)");
+        goto error;
+    }
+    if (cfg->local != NULL && cfg->local->chunk_size != cfg->chunk_size) {
+        snprintf(err, errlen, "chunk_size %llu differs from the local receiver's %llu",
+                 (unsigned long long)cfg->chunk_size, (unsigned long long)cfg->local->chunk_size);
+        goto error;
+    }
     if (strlen(cfg->host) >= sizeof(s->host)) {
         snprintf(err, errlen, "host name too long");
         goto error;
@@ -79,19 +88,25 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
     /* AUTOMDT_SENDFILE=0 forces the copy path (for comparisons). */
     const char *force = getenv("AUTOMDT_SENDFILE");
     s->zerocopy = cfg->zerocopy && !(force != NULL && strcmp(force, "0") == 0);
+    /* The local link hands the receiver the buffer a reader filled: chunks are staged as bytes. */
+    s->local = cfg->local;
+    if (s->local != NULL)
+        s->zerocopy = 0;
 
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     snprintf(portstr, sizeof(portstr), "%d", cfg->port);
-    int gai = getaddrinfo(cfg->host, portstr, &hints, &res);
+    int gai = s->local != NULL ? 0 : getaddrinfo(cfg->host, portstr, &hints, &res);
     if (gai != 0) {
         snprintf(err, errlen, "resolve %s: %s", cfg->host, gai_strerror(gai));
         goto error;
     }
-    memcpy(&s->addr, res->ai_addr, res->ai_addrlen);
-    s->addrlen = res->ai_addrlen;
-    freeaddrinfo(res);
+    if (res != NULL) {
+        memcpy(&s->addr, res->ai_addr, res->ai_addrlen);
+        s->addrlen = res->ai_addrlen;
+        freeaddrinfo(res);
+    }
 
     if (pthread_mutex_init(&s->mu, NULL) != 0)
         goto error_sys;
@@ -125,7 +140,8 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
     }
     amdt_debug("sender: %s:%d chunk %llu, %zu slots, %s", s->host, s->port,
                (unsigned long long)s->chunk_size, slots,
-               !s->zerocopy     ? "copy"
+               s->local != NULL ? "local link"
+               : !s->zerocopy   ? "copy"
                : s->tls != NULL ? "re-read + TLS"
                                 : "sendfile");
     return s;
@@ -924,6 +940,66 @@ static void amdt_net_done(amdt_sender *s, amdt_slot *slot, int requeue)
     amdt_pool_put(&s->pool, slot);
 }
 
+/* The network thread of a local transfer (see receiver.h, "the local link"): each staged chunk
+ * goes to the receiver in this process by handing over its buffer. The payload hash the
+ * receiver's writer compares is the one the reader computed over this very buffer, piece by
+ * piece right after each pread; the fault hook flips a byte after that and hashes the result,
+ * as a receiver would hash a corrupted frame. */
+static void amdt_net_body_local(amdt_worker *w)
+{
+    amdt_sender *s = w->stage->owner;
+    amdt_receiver *r = s->local;
+    int fails = 0;
+
+    amdt_receiver_local_attach(r, 1);
+    while (!amdt_stage_should_exit(w)) {
+        amdt_worker_set_state(w, AMDT_STATE_WAIT);
+        amdt_slot *slot = amdt_pool_pop(&s->pool, AMDT_WAIT_MS);
+        if (slot == NULL)
+            continue;
+        amdt_sfile *f = slot->file;
+        if (__atomic_load_n(&f->failed, __ATOMIC_RELAXED)) {
+            amdt_net_done(s, slot, 0);
+            continue;
+        }
+
+        amdt_worker_set_state(w, AMDT_STATE_BUSY);
+        amdt_throttle_wait(w,
+                           amdt_throttle_reserve(w, slot->length)); /* pace before handing over */
+        amdt_frame_hdr h = {.magic = AMDT_FRAME_MAGIC,
+                            .file_id = slot->file_id,
+                            .offset = slot->offset,
+                            .length = slot->length,
+                            .flags = 0,
+                            .hash = slot->hash ^ amdt_frame_mix(slot->file_id, slot->offset)};
+        uint64_t payload_hash = slot->hash;
+        if (amdt_take_fault(s)) {
+            __atomic_fetch_add(&s->frames_corrupted, 1, __ATOMIC_RELAXED);
+            slot->data[slot->length / 2] ^= 0xFF;
+            payload_hash = amdt_hash64(slot->data, slot->length);
+        }
+        int err = amdt_receiver_local_deliver(r, w, &h, &slot->data, payload_hash);
+        if (err != 0) {
+            amdt_net_done(s, slot, 1); /* back to the readers, first in line */
+            if (amdt_stopping(&s->stop))
+                break;
+            /* The receiver closed, or refused the frame: back off as after a failed connection
+             * rather than spin on the same chunk. */
+            if (err == ECANCELED)
+                amdt_event_push(&s->events, AMDT_EV_CONN_ERROR, 0, 0, 0, ECONNREFUSED,
+                                "the local receiver is closed");
+            amdt_worker_set_state(w, AMDT_STATE_IDLE);
+            amdt_backoff(w, fails++);
+            continue;
+        }
+        fails = 0;
+        amdt_stage_add_bytes(&s->net, h.length);
+        __atomic_fetch_add(&s->chunks_sent, 1, __ATOMIC_RELAXED);
+        amdt_net_done(s, slot, 0);
+    }
+    amdt_receiver_local_attach(r, -1);
+}
+
 static void amdt_net_body(amdt_worker *w)
 {
     amdt_sender *s = w->stage->owner;
@@ -932,6 +1008,11 @@ static void amdt_net_body(amdt_worker *w)
     uint8_t *buf = NULL; /* zero-copy fallback / fault hook buffer, allocated on first need */
     amdt_link link = {.fd = -1, .ssl = NULL}; /* this thread's connection (the socket is also
                                                  published in w->sock for close) */
+
+    if (s->local != NULL) {
+        amdt_net_body_local(w);
+        return;
+    }
 
     while (!amdt_stage_should_exit(w)) {
         if (link.fd < 0) {

@@ -15,6 +15,7 @@
 #include "common.h"
 
 #include "pool.h"
+#include "receiver.h"
 #include "stage.h"
 #include "tls.h"
 #include <sys/types.h>
@@ -66,8 +67,12 @@ typedef struct amdt_sender_cfg {
     int fault_corrupt;
     int read_threads, net_threads; /* started at construction */
     const uint8_t *tls_key; /* AMDT_TLS_KEY_LEN bytes: TLS on every data connection; NULL: plain */
-    int zerocopy; /* stage references, not bytes: sendfile() from the page cache (plain), or
+    int zerocopy;         /* stage references, not bytes: sendfile() from the page cache (plain), or
                    * re-read in pieces for TLS */
+    amdt_receiver *local; /* a receiver in this process: the local link instead of connections
+                           * to host:port (plain only; chunks are staged as bytes, not
+                           * references: their buffers go to the receiver). It must outlive
+                           * the sender's threads (amdt_sender_close). */
 } amdt_sender_cfg;
 
 typedef struct amdt_sender {
@@ -84,6 +89,7 @@ typedef struct amdt_sender {
     int zerocopy;  /* readers hash the chunk (pread into a small buffer) and stage a reference;
                     * network threads send the payload with sendfile() (plain) or read it again
                     * in pieces and SSL_write() them (TLS). Off: the bytes are copied into slots. */
+    amdt_receiver *local; /* the local link (see amdt_sender_cfg); NULL: TCP connections */
 
     pthread_mutex_t mu;
     pthread_cond_t cv_work; /* a file or a requeued chunk was added */
