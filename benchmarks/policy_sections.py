@@ -48,22 +48,36 @@ def _median(xs: Sequence[float]) -> float:
 
 
 def _read_log(path: str) -> List[Dict[str, Any]]:
+    """Every line of an interval log (``--log``): the ``start`` line, then one per interval."""
     with open(path) as f:
-        return [r for r in (json.loads(x) for x in f if x.strip()) if "throughput" in r]
+        return [json.loads(x) for x in f if x.strip()]
 
 
 def log_metrics(lines: List[Dict[str, Any]], achievable_bps: float, min95: Sequence[int], bottleneck: int,
-                drop_tail: int = 1) -> Dict[str, Any]:
-    """:func:`automdt.experiments.behaviour.metrics_of` on an interval log (the last ``drop_tail``
-    intervals are the dataset's end, not the policy's doing)."""
+                drop_tail: int = 1, interval_s: float = 1.0) -> Dict[str, Any]:
+    """:func:`automdt.experiments.behaviour.metrics_of` on the lines of an interval log (the last
+    ``drop_tail`` intervals are the dataset's end, not the policy's doing), with ``start``: the
+    log's ``start`` record (where the thread counts started and why; None if the log has none).
+    The ramp is counted in steady intervals of time (``interval_s``, the run's ``--interval``) from
+    the log's ``t``, so shorter early intervals do not count as whole ones."""
     from automdt.experiments.behaviour import metrics_of
 
-    body = lines[:-drop_tail] if len(lines) > drop_tail + 2 else lines
+    intervals = [r for r in lines if "throughput" in r]
+    body = intervals[:-drop_tail] if len(intervals) > drop_tail + 2 else intervals
     delivered = [r["throughput"]["write"] for r in body]
     threads = [[r["threads"][s] for s in ("read", "net", "write")] for r in body]
-    m = metrics_of(delivered, threads, achievable_bps, min95, bottleneck)
-    m["start"] = lines[0].get("start") if lines else None
+    m = metrics_of(delivered, threads, achievable_bps, min95, bottleneck, ends_s=[float(r["t"]) for r in body],
+                   interval_s=interval_s)
+    m["start"] = next((r["start"] for r in lines if "start" in r), None)
     return m
+
+
+def start_label(start: Any) -> str:
+    """``"cold 4,2,8"``: an interval log's ``start`` record in a table cell (``"?"``: no record)."""
+    if not start:
+        return "?"
+    t = start.get("threads", {})
+    return f"{start.get('source', '?')} {','.join(str(t.get(s, '?')) for s in ('read', 'net', 'write'))}"
 
 
 def throttle_spec(throttle: Dict[str, Tuple[float, float]]) -> str:
@@ -109,7 +123,7 @@ def section_sustained(ctx: Any) -> Dict[str, Any]:
                 runs.setdefault(f"{name}/{label}", []).append(m)
                 say(f"  {name:17s} {label:7s} rep {rep}: {r.wall:5.1f} s, ramp {m['ramp_intervals']} intervals, "
                     f"sustained {m['sustained']:.2f}, longest dip {m['longest_dip']}, settled {m['settled']} "
-                    f"(min95 {m['min95']}), start {m['start']}")
+                    f"(min95 {m['min95']}), start {start_label(m['start'])}")
     shutil.rmtree(dest, ignore_errors=True)
     out: Dict[str, Any] = {"dataset": f"{ds.nfiles} x {ds.size // MB} MB", "reps": reps, "paths": {}}
     say()
@@ -174,7 +188,9 @@ def section_ramp(ctx: Any) -> Dict[str, Any]:
                 ctx.transfer(data[rate], dest, *common, "--log", log, *extra, timeout=600)
                 m = log_metrics(_read_log(log), path.achievable_bps, min_threads_95(path), bottleneck_index(path))
                 out[kind].setdefault(name, []).append(m)
-                say(f"  {name:14s} {kind}: 90% in interval {m['ramp_intervals']}, start {m['start']}, "
+                t90 = m["seconds_to_threshold"]
+                say(f"  {name:14s} {kind}: 90% in interval {m['ramp_intervals']} "
+                    f"({'never' if t90 is None else f'{t90:.2f} s'}), start {start_label(m['start'])}, "
                     f"sustained {m['sustained']:.2f}, settled {m['settled']}")
     shutil.rmtree(dest, ignore_errors=True)
     say()

@@ -4,7 +4,9 @@ The definitions, one interval = one control interval, counted from 1 (the first 
 start triple):
 
 * **ramp intervals**: the first interval whose delivered throughput (the write stage) is at least
-  90% of the achievable rate; "within 2 intervals" means ramp <= 2;
+  90% of the achievable rate; "within 2 intervals" means ramp <= 2. On the engine, whose first
+  intervals are shorter for PPO (:data:`automdt.controller.EARLY_INTERVALS`), it is counted in
+  steady intervals of time: that interval ends within the first two seconds at 1-s intervals;
 * **sustained**: the share of the intervals after that one that stay at or above 90%;
 * **longest dip**: the longest run of consecutive intervals below 90% after the ramp (the policy
   must never sit there for more than two intervals while a stage could add threads);
@@ -47,13 +49,19 @@ def min_threads_95(path: PathSpec) -> Tuple[int, int, int]:
 
 
 def metrics_of(delivered_bps: Sequence[float], threads: Sequence[Sequence[int]], achievable_bps: float,
-               min95: Sequence[int], bottleneck: int, threshold: float = THRESHOLD) -> Dict[str, Any]:
+               min95: Sequence[int], bottleneck: int, threshold: float = THRESHOLD,
+               ends_s: Optional[Sequence[float]] = None, interval_s: float = 1.0) -> Dict[str, Any]:
     """Ramp, sustained share, longest dip and settling of one run (see the module docstring).
 
     :param delivered_bps: (T,) delivered throughput of each interval (drop a last partial one).
     :param threads: (T,3) the triple each interval ran.
     :param min95: per stage, the fewest threads reaching 95% of the achievable rate.
     :param bottleneck: index of the bottleneck stage.
+    :param ends_s: (T,) seconds from the start to each interval's end (an engine's interval log,
+        whose first intervals may be shorter than the steady ``interval_s``): then ``ramp_intervals``
+        counts steady intervals of time, ``ceil(t / interval_s)`` for the end ``t`` of the first
+        interval at the threshold (with a tenth of an interval for the loop's lag: 2.02 s is 2),
+        and ``seconds_to_threshold`` is that ``t``. None: every interval is ``interval_s`` long.
     """
     d = np.asarray(delivered_bps, dtype=np.float64)
     th = np.asarray(threads, dtype=np.int64).reshape(-1, 3)
@@ -70,9 +78,11 @@ def metrics_of(delivered_bps: Sequence[float], threads: Sequence[Sequence[int]],
     swaps = sum(1 for i in range(2, len(tail)) if tail[i] == tail[i - 2] != tail[i - 1])
     changes = sum(1 for i in range(1, len(tail)) if tail[i] != tail[i - 1])
     within = [abs(settled[i] - int(min95[i])) <= 1 for i in range(3)]
+    t_hit = None if first is None else (float(ends_s[first]) if ends_s is not None else (first + 1) * interval_s)
     return {
         "intervals": int(len(d)),
-        "ramp_intervals": None if first is None else first + 1,
+        "ramp_intervals": None if t_hit is None else max(1, math.ceil(t_hit / interval_s - 0.1)),
+        "seconds_to_threshold": t_hit,
         "sustained": float(after.mean()) if after.size else (1.0 if first is not None else 0.0),
         "longest_dip": int(dip),
         "mean_fraction": float(d.mean() / achievable_bps) if d.size else float("nan"),

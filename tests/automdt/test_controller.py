@@ -145,3 +145,45 @@ def test_threads_with_a_baseline_policy_start_its_state_there():
         rec = c.tick(_stats(1.0, 1 << 20, 0, 0, threads=(3, 2)), _rx(1 << 20, write_threads=1), now=11.0)
         assert rec.threads == (3, 2, 1)
         assert seen(pol) == ([3, 2, 1] if isinstance(pol, MarlinPolicy) else [2])
+
+
+class _PPOish(Recorder):
+    """A policy that takes a start (as PPO does: it has a ``start_source``)."""
+
+    start_source = "cold"
+
+
+def test_a_policy_that_takes_a_start_gets_two_half_intervals_first_then_steady_ones(monkeypatch):
+    monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)
+    pol, applied, log = _PPOish(), [], io.StringIO()
+    c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, log_file=log)
+    assert c.early_intervals == (0.5, 0.5)
+    c.start()
+    assert c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=100.0) is None
+    assert c.tick(_stats(0.4, 1 << 20, 0, 0), _rx(1 << 20), now=100.4) is None
+    first = c.tick(_stats(0.5, 2 << 20, 0, 0), _rx(2 << 20), now=100.5)
+    assert first is not None and first.interval_s == 0.5 and pol.seen[-1].interval_s == 0.5
+    assert first.throughput[0] == (2 << 20) / 0.5  # rates stay bytes per second
+    assert c.tick(_stats(0.9, 3 << 20, 0, 0), _rx(3 << 20), now=100.9) is None
+    assert c.tick(_stats(1.0, 4 << 20, 0, 0), _rx(4 << 20), now=101.0).interval_s == 0.5
+    assert c.tick(_stats(1.5, 5 << 20, 0, 0), _rx(5 << 20), now=101.5) is None  # steady from now on
+    assert c.tick(_stats(2.0, 6 << 20, 0, 0), _rx(6 << 20), now=102.0).interval_s == 1.0
+    assert [json.loads(x)["interval_s"] for x in log.getvalue().splitlines()[1:]] == [0.5, 0.5, 1.0]
+
+
+def test_baselines_keep_steady_intervals_and_the_environment_can_turn_early_ones_off(monkeypatch):
+    monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)
+    assert Controller(Recorder(), lambda t: None, interval_s=2.0).early_intervals == ()  # Marlin & co.
+    assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == (1.0, 1.0)
+    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "")
+    assert Controller(_PPOish(), lambda t: None, interval_s=1.0).early_intervals == ()
+    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "0.25,0.75,2")
+    assert Controller(_PPOish(), lambda t: None, interval_s=1.0).early_intervals == (0.25, 0.75, 1.0)
+    assert Controller(_PPOish(), lambda t: None, early_intervals=(3.0,)).early_intervals == (1.0,)
+    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "half")
+    try:
+        Controller(_PPOish(), lambda t: None)
+    except ValueError as e:
+        assert "AUTOMDT_EARLY_INTERVALS" in str(e)
+    else:
+        raise AssertionError("a malformed AUTOMDT_EARLY_INTERVALS was accepted")

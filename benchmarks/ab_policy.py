@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""A/B of one environment setting on the default policy's behaviour, interleaved transfer by transfer.
+
+One command (from the repository root)::
+
+    .venv/bin/python benchmarks/ab_policy.py --set AUTOMDT_EARLY_INTERVALS= [--reps 2] [--only ramp,warm,sustained]
+
+Every transfer of bench_policy.py's behaviour paths runs twice in a row, once with the caller's
+environment (``A``) and once with ``--set VAR=VALUE`` added (``B``), so both see the same machine
+load; the figures are those of :mod:`policy_sections` (``log_metrics``: ramp in steady intervals,
+seconds to 90%, sustained share, settled triple) and of bench_policy.py's ``warm`` section:
+
+* ``ramp``: cold start (no history, the default command) on the experiments' read-, network- and
+  write-bound scenarios at 80 and 250 MB/s (128 MiB buffers, 1 MiB chunks, 8 x 80 MB / 10 x 200 MB);
+  with ``--trained`` also a policy trained on each scenario's profile (``automdt train --profile``);
+* ``warm``: the issue's read-bound path (4 MiB chunks), a job run twice with a fresh history:
+  seconds to 90% of the achievable 80 MB/s in the first (cold) and second (history) run;
+* ``sustained``: the issue's path and the three scenarios with the CLI's defaults, 26 x 100 MB.
+
+Each transfer prints one line (its first intervals: end time, triple, delivered share of the
+achievable rate); a summary per path and variant follows. Scratch space as bench_policy.py's.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_policy as bp  # noqa: E402
+import policy_sections as ps  # noqa: E402
+
+MB = 1_000_000
+SECTIONS = ("ramp", "warm", "sustained")
+
+
+def _first_intervals(lines: List[Dict[str, Any]], achievable: float, n: int = 5) -> str:
+    body = [r for r in lines if "throughput" in r][:n]
+    return " ".join(f"{r['t']:.1f}:({r['threads']['read']},{r['threads']['net']},{r['threads']['write']})"
+                    f"{r['throughput']['write'] / achievable:.2f}" for r in body)
+
+
+class AB:
+    def __init__(self, ctx: bp.Ctx, setting: Tuple[str, str]) -> None:
+        self.ctx = ctx
+        self.setting = setting
+        self.rows: Dict[Tuple[str, str], List[Dict[str, Any]]] = {}
+
+    def run(self, variant: str, ds: Any, extra: Sequence[str], log: str) -> List[Dict[str, Any]]:
+        env = dict(self.ctx.env)
+        if variant == "B":
+            self.ctx.env[self.setting[0]] = self.setting[1]
+        try:
+            self.ctx.transfer(ds, self.ctx.path("dst-ab"), *extra, "--log", log, timeout=600)
+        finally:
+            self.ctx.env.clear()
+            self.ctx.env.update(env)
+        return ps._read_log(log)
+
+    def record(self, key: str, variant: str, m: Dict[str, Any], lines: List[Dict[str, Any]], achievable: float,
+               rep: int) -> None:
+        self.rows.setdefault((key, variant), []).append(m)
+        t90 = m["seconds_to_threshold"]
+        bp.say(f"  {key:24s} {variant} rep {rep}: ramp {m['ramp_intervals']} ({'never' if t90 is None else f'{t90:.2f} s'}), "
+               f"sustained {m['sustained']:.2f}, settled {m['settled']}, start {ps.start_label(m['start'])} | "
+               f"{_first_intervals(lines, achievable)}")
+
+
+def _train(ctx: bp.Ctx, path: Any, name: str) -> str:
+    prof = ctx.path(f"ab-{name}.yaml")
+    path.profile().save(prof)
+    pol = ctx.path(f"ab-{name}.zip")
+    p = subprocess.run(ctx.automdt + ["train", "--profile", prof, "-o", pol, "--no-progress"], env=ctx.env,
+                       capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"automdt train --profile {name}: exit {p.returncode}: {p.stderr.strip()[-300:]}")
+    return pol
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--set", required=True, metavar="VAR=VALUE", help="the setting variant B adds to the environment")
+    ap.add_argument("--reps", type=int, default=2, help="rounds (default 2)")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of {','.join(SECTIONS)}")
+    ap.add_argument("--trained", action="store_true", help="ramp: also policies trained on each scenario's profile")
+    args = ap.parse_args(argv)
+    if "=" not in args.set:
+        ap.error("--set takes VAR=VALUE")
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    if any(s not in SECTIONS for s in only) or args.reps < 1:
+        ap.error(f"--only takes {','.join(SECTIONS)}; --reps at least 1")
+    var, value = args.set.split("=", 1)
+    signal.signal(signal.SIGTERM, lambda s, f: (_ for _ in ()).throw(SystemExit(128 + s)))
+    ctx = bp.Ctx(bp.parse_args(["--reps", str(args.reps)]))
+    ab = AB(ctx, (var, value))
+    bp.say(f"A: the environment as is; B: {var}={value!r}; load {os.getloadavg()[0]:.1f}")
+    try:
+        from automdt.experiments.behaviour import bottleneck_index, min_threads_95, scenario_path
+
+        cases = [(f"{b}-bound" + ("" if rate == 80 else f"-{rate}"), scenario_path(b, rate * MB), rate)
+                 for rate in (80, 250) for b in ("read", "net", "write")]
+        data = {80: ctx.dataset("ramp80", 8, 80 * MB), 250: ctx.dataset("ramp250", 10, 200 * MB)} if "ramp" in only else {}
+        trained = {name: _train(ctx, path, name) for name, path, _ in cases} if "ramp" in only and args.trained else {}
+        for rep in range(args.reps):
+            for sec in only:
+                if sec == "ramp":
+                    for name, path, rate in cases:
+                        common = ["--throttle", ps.throttle_spec(path.throttle), "--memory", str(path.memory),
+                                  "--chunk-size", str(path.chunk_size)]
+                        kinds = [("cold", [])] + ([("trained", ["--policy", trained[name]])] if trained else [])
+                        for kind, extra in kinds:
+                            for v in "AB":
+                                ps._fresh_history(ctx)
+                                lines = ab.run(v, data[rate], common + extra, ctx.path(f"ab-{name}-{kind}-{rep}-{v}.jsonl"))
+                                m = ps.log_metrics(lines, path.achievable_bps, min_threads_95(path), bottleneck_index(path))
+                                ab.record(f"ramp/{kind}/{name}", v, m, lines, path.achievable_bps, rep)
+                elif sec == "warm":
+                    ds = ctx.dataset("warm", 20, 40 * MB)
+                    for v in "AB":
+                        shutil.rmtree(ctx.env["XDG_STATE_HOME"], ignore_errors=True)
+                        for run in ("1", "2"):
+                            lines = ab.run(v, ds, ["--throttle", bp.WARM_THROTTLE], ctx.path(f"ab-warm-{rep}-{v}-{run}.jsonl"))
+                            m = {"seconds_to_threshold": bp.seconds_to(lines, 0.9 * bp.WARM_ACHIEVABLE),
+                                 "start": next((r["start"] for r in lines if "start" in r), None)}
+                            ab.rows.setdefault((f"warm/run{run}", v), []).append(m)
+                            t90 = m["seconds_to_threshold"]
+                            bp.say(f"  warm run {run} {v} rep {rep}: 90% at {'never' if t90 is None else f'{t90:.2f} s'}, "
+                                   f"start {ps.start_label(m['start'])} | {_first_intervals(lines, bp.WARM_ACHIEVABLE)}")
+                else:
+                    ds = ctx.dataset("sustained", 26, 100 * MB)
+                    for name, path in ps._paths_default_buffers().items():
+                        for v in "AB":
+                            ps._fresh_history(ctx)
+                            lines = ab.run(v, ds, ["--throttle", ps.throttle_spec(path.throttle)],
+                                           ctx.path(f"ab-sus-{name}-{rep}-{v}.jsonl"))
+                            m = ps.log_metrics(lines, path.achievable_bps, min_threads_95(path), bottleneck_index(path))
+                            ab.record(f"sustained/{name}", v, m, lines, path.achievable_bps, rep)
+        bp.say()
+        bp.say(f"{'path':32s} {'':2s} {'seconds to 90% (median; runs)':40s} sustained (min)   settled")
+        for key in sorted({k for k, _ in ab.rows}):
+            for v in "AB":
+                ms = ab.rows.get((key, v), [])
+                ts = [m["seconds_to_threshold"] for m in ms]
+                med = statistics.median([t if t is not None else float("inf") for t in ts])
+                cell = f"{med:.2f} ({', '.join('never' if t is None else f'{t:.2f}' for t in ts)})"
+                sus = [m["sustained"] for m in ms if "sustained" in m]
+                sus_cell = f"{statistics.median(sus):.2f} ({min(sus):.2f})" if sus else "-"
+                bp.say(f"{key:32s} {v:2s} {cell:40s} {sus_cell:17s} {[m.get('settled') for m in ms if 'settled' in m]}")
+        bp.say(f"load average now {os.getloadavg()[0]:.1f}")
+    finally:
+        ctx.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
