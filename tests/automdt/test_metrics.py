@@ -85,8 +85,10 @@ def test_receiver_metrics_scraped_and_parsed(tmp_path, make_tree):
         try:
             f.handshake(subdir="fake")
             assert wait_for(lambda: _v(_scrape(port)[0], "automdt_sessions_active") == 1, 5)
+            # the session counts as active from its authentication on; its engine's threads show from
+            # the first update after they started (the gauges are taken once per update period)
+            assert wait_for(lambda: _v(_scrape(port)[0], "automdt_receiver_threads", stage="write") >= 1, 5)
             samples, _ = _scrape(port)
-            assert _v(samples, "automdt_receiver_threads", stage="write") >= 1
             assert _v(samples, "automdt_receiver_buffer_capacity_bytes") >= 1 << 20
             s = f.connect(token=b"\0" * 32)
             s.close()
