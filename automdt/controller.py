@@ -200,16 +200,19 @@ class Controller:
                 int(write) or asked[2])
 
 
-EARLY_INTERVALS = (0.5, 0.5)
-"""The first two intervals of a policy that takes a start (PPO), as fractions of ``interval_s``.
+EARLY_INTERVALS: Tuple[float, ...] = ()
+"""The first intervals of a policy that takes a start (PPO), as fractions of ``interval_s``: none
+by default. ``AUTOMDT_EARLY_INTERVALS=0.5,0.5`` gives two half intervals first.
 
-From a cold start the policy's first choice is often a probe (a stage to many threads) whose
-answer it needs before it settles; two half intervals let it probe and answer within the first
-steady interval, so the third interval (ending at 2 s) runs at the settled triple. Measured on the
-engine (the experiments' read-, network- and write-bound paths at 80 and 250 MB/s, cold start,
-interleaved with 1-s intervals): 90% of the achievable rate at 2 s instead of 3 s on the read- and
-network-bound paths (benchmarks/README.md, ``bench_policy.py --only ramp``). Half an interval still
-holds a whole 4 MiB chunk at 10 MB/s per thread (0.42 s), which shorter first intervals would not."""
+Two half intervals let a cold start's first choice (often a probe of a stage to many threads) be
+answered within the first steady interval: on the engine (the experiments' read-, network- and
+write-bound paths at 80 and 250 MB/s, quiet, 3 rounds) 90% of the achievable rate by 2 s instead of
+3 s, and by 1 s with a profile-trained policy. But on the issue's read-bound path (10 MB/s per
+reader, 80 MB/s, 26 x 100 MB, default buffers) the same policy then fell, in 2 of 4 runs, into a
+fixed point below capacity (32 readers, 1 network thread: 63.7 s and 41.2 s instead of 33.6 s),
+and in 0 of 4 interleaved runs with 1-s intervals (2026-11-24, quiet machine; 1 of 3 in
+``bench_policy.py --only sustained`` just before). Until the policy is trained with them, a slower
+ramp is the lesser harm, so they are off by default."""
 
 
 def default_early_intervals(policy: Any, interval_s: float) -> Tuple[float, ...]:

@@ -154,7 +154,7 @@ class _PPOish(Recorder):
 
 
 def test_a_policy_that_takes_a_start_gets_two_half_intervals_first_then_steady_ones(monkeypatch):
-    monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)
+    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "0.5,0.5")  # off by default (controller.EARLY_INTERVALS)
     pol, applied, log = _PPOish(), [], io.StringIO()
     c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, log_file=log)
     assert c.early_intervals == (0.5, 0.5)
@@ -171,10 +171,13 @@ def test_a_policy_that_takes_a_start_gets_two_half_intervals_first_then_steady_o
     assert [json.loads(x)["interval_s"] for x in log.getvalue().splitlines()[1:]] == [0.5, 0.5, 1.0]
 
 
-def test_baselines_keep_steady_intervals_and_the_environment_can_turn_early_ones_off(monkeypatch):
+def test_early_intervals_are_off_by_default_never_for_baselines_and_set_by_the_environment(monkeypatch):
     monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)
     assert Controller(Recorder(), lambda t: None, interval_s=2.0).early_intervals == ()  # Marlin & co.
+    assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == ()  # off by default
+    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "0.5,0.5")
     assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == (1.0, 1.0)
+    assert Controller(Recorder(), lambda t: None, interval_s=2.0).early_intervals == ()  # never for baselines
     monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "")
     assert Controller(_PPOish(), lambda t: None, interval_s=1.0).early_intervals == ()
     monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "0.25,0.75,2")
