@@ -940,6 +940,30 @@ static void amdt_net_done(amdt_sender *s, amdt_slot *slot, int requeue)
     amdt_pool_put(&s->pool, slot);
 }
 
+/* The next staged chunk to send, paced by the stage's throttle, with its frame header in *h; NULL
+ * when none came within one wait (a chunk of a failed file is dropped on the way). */
+static amdt_slot *amdt_net_next(amdt_sender *s, amdt_worker *w, amdt_frame_hdr *h)
+{
+    amdt_worker_set_state(w, AMDT_STATE_WAIT);
+    amdt_slot *slot = amdt_pool_pop(&s->pool, AMDT_WAIT_MS);
+    if (slot == NULL)
+        return NULL;
+    amdt_sfile *f = slot->file;
+    if (__atomic_load_n(&f->failed, __ATOMIC_RELAXED)) {
+        amdt_net_done(s, slot, 0);
+        return NULL;
+    }
+    amdt_worker_set_state(w, AMDT_STATE_BUSY);
+    amdt_throttle_wait(w, amdt_throttle_reserve(w, slot->length)); /* pace before sending */
+    *h = (amdt_frame_hdr){.magic = AMDT_FRAME_MAGIC,
+                          .file_id = slot->file_id,
+                          .offset = slot->offset,
+                          .length = slot->length,
+                          .flags = 0,
+                          .hash = slot->hash ^ amdt_frame_mix(slot->file_id, slot->offset)};
+    return slot;
+}
+
 /* The network thread of a local transfer (see receiver.h, "the local link"): each staged chunk
  * goes to the receiver in this process by handing over its buffer. The payload hash the
  * receiver's writer compares is the one the reader computed over this very buffer, piece by
@@ -953,25 +977,10 @@ static void amdt_net_body_local(amdt_worker *w)
 
     amdt_receiver_local_attach(r, 1);
     while (!amdt_stage_should_exit(w)) {
-        amdt_worker_set_state(w, AMDT_STATE_WAIT);
-        amdt_slot *slot = amdt_pool_pop(&s->pool, AMDT_WAIT_MS);
+        amdt_frame_hdr h;
+        amdt_slot *slot = amdt_net_next(s, w, &h);
         if (slot == NULL)
             continue;
-        amdt_sfile *f = slot->file;
-        if (__atomic_load_n(&f->failed, __ATOMIC_RELAXED)) {
-            amdt_net_done(s, slot, 0);
-            continue;
-        }
-
-        amdt_worker_set_state(w, AMDT_STATE_BUSY);
-        amdt_throttle_wait(w,
-                           amdt_throttle_reserve(w, slot->length)); /* pace before handing over */
-        amdt_frame_hdr h = {.magic = AMDT_FRAME_MAGIC,
-                            .file_id = slot->file_id,
-                            .offset = slot->offset,
-                            .length = slot->length,
-                            .flags = 0,
-                            .hash = slot->hash ^ amdt_frame_mix(slot->file_id, slot->offset)};
         uint64_t payload_hash = slot->hash;
         if (amdt_take_fault(s)) {
             __atomic_fetch_add(&s->frames_corrupted, 1, __ATOMIC_RELAXED);
@@ -1030,25 +1039,11 @@ static void amdt_net_body(amdt_worker *w)
             amdt_worker_set_sock(w, link.fd);
         }
 
-        amdt_worker_set_state(w, AMDT_STATE_WAIT);
-        amdt_slot *slot = amdt_pool_pop(&s->pool, AMDT_WAIT_MS);
+        amdt_frame_hdr h;
+        amdt_slot *slot = amdt_net_next(s, w, &h);
         if (slot == NULL)
             continue;
-        amdt_sfile *f = slot->file;
-        if (__atomic_load_n(&f->failed, __ATOMIC_RELAXED)) {
-            amdt_net_done(s, slot, 0);
-            continue;
-        }
-
-        amdt_worker_set_state(w, AMDT_STATE_BUSY);
-        amdt_throttle_wait(w, amdt_throttle_reserve(w, slot->length)); /* pace before sending */
         uint8_t hdr[AMDT_FRAME_HDR_LEN];
-        amdt_frame_hdr h = {.magic = AMDT_FRAME_MAGIC,
-                            .file_id = slot->file_id,
-                            .offset = slot->offset,
-                            .length = slot->length,
-                            .flags = 0,
-                            .hash = slot->hash ^ amdt_frame_mix(slot->file_id, slot->offset)};
         amdt_frame_encode(hdr, &h);
         int corrupt = amdt_take_fault(s);
         if (corrupt)
