@@ -24,8 +24,9 @@ File format (JSON, one object)::
      "settled": [8, 4, 3], "rates_bps": [1.0e7, 2.1e7, 2.9e7], "throughput_bps": 8.0e7,
      "intervals": 31, "max_threads": 32}
 
-``settled``: the most frequent (read, net, write) triple over the run's second half (the final
-interval, when the dataset drains, left out; ties go to the latest); ``rates_bps``: bytes per busy thread-second of each
+``settled``: the most frequent (read, net, write) triple over the run's second half (the run's
+tail, when the source is read and the buffers drain, and the last interval before it left out;
+ties go to the latest); ``rates_bps``: bytes per busy thread-second of each
 stage over the same intervals (the per-thread rates, as ``automdt explore`` measures them);
 ``throughput_bps``: the median end-to-end (write) rate over them.
 """
@@ -168,7 +169,9 @@ def record_from_intervals(records: Sequence[Any], *, policy: str = "", max_threa
             if isinstance(r, IntervalRecord) or isinstance(r, dict) and "threads" in r and "bytes" in r]
     if not recs:
         return None
-    window = recs[:-1] if len(recs) >= 3 else recs  # the last interval usually has the dataset draining
+    body = [r for r in recs if not r.extra.get("tail")]  # the tail: the source read, the buffers draining
+    recs_used = body if len(body) >= 3 else recs
+    window = recs_used[:-1] if len(recs_used) >= 3 else recs_used  # the last one usually drains already
     window = window[len(window) // 2:]
     triples = [r.threads for r in window]
     counts = Counter(triples)

@@ -154,7 +154,7 @@ class _PPOish(Recorder):
 
 
 def test_a_policy_that_takes_a_start_gets_two_half_intervals_first_then_steady_ones(monkeypatch):
-    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "0.5,0.5")  # off by default (controller.EARLY_INTERVALS)
+    monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)  # the default (controller.EARLY_INTERVALS)
     pol, applied, log = _PPOish(), [], io.StringIO()
     c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, log_file=log)
     assert c.early_intervals == (0.5, 0.5)
@@ -171,10 +171,12 @@ def test_a_policy_that_takes_a_start_gets_two_half_intervals_first_then_steady_o
     assert [json.loads(x)["interval_s"] for x in log.getvalue().splitlines()[1:]] == [0.5, 0.5, 1.0]
 
 
-def test_early_intervals_are_off_by_default_never_for_baselines_and_set_by_the_environment(monkeypatch):
+def test_early_intervals_are_on_by_default_never_for_baselines_and_set_by_the_environment(monkeypatch):
     monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)
     assert Controller(Recorder(), lambda t: None, interval_s=2.0).early_intervals == ()  # Marlin & co.
-    assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == ()  # off by default
+    assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == (1.0, 1.0)  # two halves
+    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "0")
+    assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == ()
     monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "0.5,0.5")
     assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == (1.0, 1.0)
     assert Controller(Recorder(), lambda t: None, interval_s=2.0).early_intervals == ()  # never for baselines
@@ -190,3 +192,20 @@ def test_early_intervals_are_off_by_default_never_for_baselines_and_set_by_the_e
         assert "AUTOMDT_EARLY_INTERVALS" in str(e)
     else:
         raise AssertionError("a malformed AUTOMDT_EARLY_INTERVALS was accepted")
+
+
+def test_the_tail_holds_the_counts_and_is_marked():
+    """Once the sender says the source is read to the end (``tail``), the policy is not asked: the
+    counts hold while the buffers drain, and the records say ``"tail": true``."""
+    pol, applied, log = Recorder(), [], io.StringIO()
+    c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, log_file=log)
+    c.start()
+    c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
+    c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20), now=11.0)
+    assert len(pol.seen) == 1 and c.threads == (3, 3, 4)
+    c.tail = True
+    rec = c.tick(_stats(2.0, 2 << 20, 0, 0, threads=(3, 3)), _rx(2 << 20), now=12.0)
+    assert len(pol.seen) == 1, "the policy was asked in the tail"
+    assert rec.next_threads == (3, 3, 4) and applied[-1] == (3, 3, 4) and len(applied) == 2
+    assert json.loads(log.getvalue().splitlines()[-1])["tail"] is True
+    assert "tail" not in json.loads(log.getvalue().splitlines()[-2])

@@ -92,6 +92,11 @@ def test_record_from_intervals():
     assert history.record_from_intervals(ramp[:1]).settled == (1, 1, 1)
     assert history.record_from_intervals([]) is None
     assert history.record_from_intervals(ramp, previous=_rec(runs=7)).runs == 8
+    # the tail (source read, buffers draining: "tail": true) is left out, however long it is
+    tail = [dict(iv((8, 3, 2), 2e7, busy=(0.0, 0.5, 0.5)), tail=True)] * 8
+    rec = history.record_from_intervals(ramp + steady + tail)
+    assert rec.settled == (8, 3, 2) and rec.throughput_bps == 8e7 and rec.intervals == 17
+    assert rec.rates_bps == (10 * MB / 8.0, 10 * MB / 2.0, 10 * MB / 0.5)
 
 
 # ----------------------------------------------------------------------------- the rules

@@ -1,0 +1,102 @@
+"""The floor under the PPO policy (agents/guard.py): a policy that comes to rest below the rate
+the transfer reached, its limiting stage busy, is lifted; a path that cannot give that rate again
+is not climbed; the guard cuts a count only to undo its own raise."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from automdt.agents.guard import JUDGE, PATIENCE, SHORTFALL, FloorGuard
+from automdt.experiments.parity import ISSUE_PATH
+from automdt.policy_contract import Observation
+
+MB = 1_000_000
+
+
+def _obs(threads, tput, busy, dt=1.0):
+    return Observation(threads=tuple(threads), throughput_bps=tuple(float(x) for x in tput), buffer_fill=(0.1, 0.0),
+                       interval_s=dt, busy_s=tuple(float(x) for x in busy), wait_s=(0.0, 0.0, 0.0))
+
+
+def _sim_run(schedule_then, start, steps, guard):
+    """Run the simulator on issue 10's read-bound path: the counts of ``start`` for 3 intervals
+    (they reach the path's rate), then a policy that always asks for ``schedule_then``."""
+    from automdt.simulator.env import BufferSimEnv
+
+    env = BufferSimEnv(ISSUE_PATH.profile(0.0), random_start=False, episode_steps=steps + 1,
+                       chunk_bytes=float(ISSUE_PATH.chunk_size))
+    _, info = env.reset(seed=0, options={"threads": tuple(start)})
+    delivered, threads = [], []
+    nxt = tuple(start)
+    for k in range(steps):
+        obs = info["observation"]
+        delivered.append(obs.throughput_bps[2])
+        threads.append(obs.threads)
+        proposed = tuple(start) if k < 3 else tuple(schedule_then)
+        nxt = guard(obs, proposed) if guard is not None else proposed
+        info = env.step_threads(nxt)[4]
+    return delivered, threads
+
+
+def test_a_policy_resting_below_the_rate_it_reached_is_lifted_in_the_simulator():
+    """Issue 10's case: 6 readers at 10 MB/s each on an 80 MB/s path after it reached 80 MB/s.
+    Without the guard the run stays at 60 MB/s; with it, no more than PATIENCE + 2 intervals are
+    short before the readers carry the rate again, and it stays there."""
+    achievable = ISSUE_PATH.achievable_bps
+    bare, _ = _sim_run((6, 2, 2), (9, 3, 3), 26, None)
+    assert max(bare[-10:]) < SHORTFALL * achievable  # the failure the guard is for
+    g = FloorGuard(32)
+    got, threads = _sim_run((6, 2, 2), (9, 3, 3), 26, g)
+    first = next(i for i, d in enumerate(got) if d >= SHORTFALL * achievable)
+    short = [i for i in range(first, len(got)) if got[i] < SHORTFALL * achievable]
+    print(f"delivered MB/s {[round(d / MB) for d in got]}, threads {threads[-1]}, raises {g.raises}")
+    assert len(short) <= PATIENCE + 2, short
+    assert all(d >= SHORTFALL * achievable for d in got[-8:])
+    assert threads[-1][0] >= 8 and g.raises >= 1
+
+
+def test_a_best_rate_the_path_no_longer_gives_is_not_climbed():
+    """A burst (a buffer draining) set the best at 100 MB/s for two intervals; the path gives 80 with 8 readers busy
+    under a total limit. The guard raises once, sees that the raise did not pay within JUDGE
+    intervals, takes the best down and drops the floor; it never raises again."""
+    g = FloorGuard(32)
+    for _ in range(2):
+        g(_obs((8, 4, 4), (100 * MB, 100 * MB, 100 * MB), (8, 2, 2)), (8, 4, 4))
+    assert g.best == 100 * MB
+    outs = []
+    for _ in range(30):
+        prev = outs[-1] if outs else (8, 4, 4)
+        r = prev[0]
+        outs.append(g(_obs((r, 4, 4), (80 * MB, 80 * MB, 80 * MB), (r, 2, 2)), (8, 4, 4)))
+    assert g.raises == 1
+    assert outs[PATIENCE - 1][0] == 10  # ceil(100 / (80 / 8))
+    assert outs[PATIENCE + JUDGE - 1] == (8, 4, 4)  # undone
+    assert all(o == (8, 4, 4) for o in outs[PATIENCE + JUDGE - 1:]), outs
+    assert g.best == pytest.approx(80 * MB)
+
+
+def test_the_guard_cuts_only_its_own_raise_and_passes_observations_without_busy_times():
+    rng = random.Random(7)
+    g = FloorGuard(16)
+    for _ in range(500):
+        threads = tuple(rng.randint(1, 16) for _ in range(3))
+        tput = [rng.uniform(0, 200) * MB for _ in range(3)]
+        busy = [t * rng.uniform(0, 1.0) for t in threads]
+        proposed = tuple(rng.randint(1, 16) for _ in range(3))
+        judging = g._judging
+        out = g(_obs(threads, tput, busy), proposed)
+        assert all(1 <= o <= 16 for o in out)
+        for s in range(3):  # below the policy's choice only to undo its own raise, to the count before it
+            if out[s] < proposed[s]:
+                assert judging is not None and judging[4][s] == out[s], (judging, proposed, out)
+    plain = Observation(threads=(1, 1, 1), throughput_bps=(0.0, 0.0, 0.0), buffer_fill=(0.0, 0.0))
+    assert g(plain, (3, 4, 5)) == (3, 4, 5)
+
+
+def test_the_shipped_policy_carries_the_guard_unless_switched_off(monkeypatch):
+    from automdt.agents.ppo import load_policy
+
+    assert load_policy("ppo").guard is not None
+    monkeypatch.setenv("AUTOMDT_GUARD", "0")
+    assert load_policy("ppo").guard is None
