@@ -72,6 +72,8 @@ class Controller:
         self.history: list[IntervalRecord] = []
         self.last_record: Optional[IntervalRecord] = None
         self.start_record: Optional[Dict[str, Any]] = None
+        self._warm = False
+        self._t_base = 0.0
         self.tail = False
         """Set by the sender once the source is read to the end: the buffers drain and the policy
         is no longer asked (see :meth:`tick`)."""
@@ -84,7 +86,14 @@ class Controller:
         return (r, n, min(w, self.write_max)) if self.write_max is not None else (r, n, w)
 
     def start(self) -> Triple:
-        """Reset the policy, apply the start triple, and log where it came from."""
+        """Reset the policy, apply the start triple, and log where it came from.
+
+        A warm start (:data:`WARM_SOURCES`: the job's history, a profile-trained policy's oracle)
+        is held through the first ``interval_s`` and until the receiver has written something: the
+        policy sees those intervals (its state follows them), but they only say that the pipeline
+        is still filling (a 4 MiB chunk takes 0.4 s to read at 10 MB/s), and acting on them threw
+        away the knowledge the start carries (on issue 10's warm path the shipped policy probed
+        every history start to 32 threads after its first half interval)."""
         own = self._clamp(self.policy.reset(self.max_threads), self.max_threads)
         if self.start_choice is None:
             self.threads = own
@@ -98,6 +107,7 @@ class Controller:
         self.apply(self.threads)
         self.t0 = self._last_t = time.monotonic()
         self.start_record = {"t": 0.0, "start": record, "policy": self._name()}
+        self._warm = self.start_choice is not None and self.start_choice.source in WARM_SOURCES
         if self.log_file is not None:
             self.log_file.write(json.dumps(self.start_record) + "\n")
             self.log_file.flush()
@@ -149,6 +159,7 @@ class Controller:
         busy = _busy(sender_stats, receiver_stats)
         if self._last is None or self._last_busy is None:
             self._last, self._last_busy, self._last_t, self._last_tcp = counted, busy, now, tcp
+            self._t_base = now
             return None
         dt = now - self._last_t
         if dt < (0.05 if final else self.next_interval_s()):
@@ -175,6 +186,8 @@ class Controller:
             new = self.threads
         else:
             new = self._clamp(self.policy.act(obs), self.limit)
+            if self._warm and (counted[2] == 0 or now - self._t_base < self.interval_s - 1e-3):
+                new = self.threads  # a warm start holds while the pipeline fills (see :meth:`start`)
         ann = dict(self.annotations)
         if self.tail and not final:
             ann["tail"] = True
@@ -217,6 +230,10 @@ class Controller:
         return (int(sender_stats.read.threads_target) or asked[0], int(sender_stats.net.threads_target) or asked[1],
                 int(write) or asked[2])
 
+
+WARM_SOURCES = ("history", "profile")
+"""Start sources (:data:`automdt.start.SOURCES`) that carry knowledge of the path: held until the
+pipeline delivers (:meth:`Controller.start`)."""
 
 EARLY_INTERVALS: Tuple[float, ...] = (0.5, 0.5)
 """The first intervals of a policy that takes a start (PPO), as fractions of ``interval_s``: two

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import statistics
 import tempfile
@@ -201,6 +202,20 @@ def update(path: Path, records: Sequence[Any], *, previous: Optional[JobRecord],
     return None
 
 
+def start_threads(record: JobRecord) -> Tuple[int, int, int]:
+    """Where the job's next run starts: the triple the last run settled at, each stage raised to
+    the threads that carry that run's throughput at the stage's measured rate per busy thread
+    (``ceil(throughput / rate - 0.1)``). A run that settled one thread short while a draining
+    buffer hid it (a short job after a probe filled the sender buffer: 7 readers at 10 MB/s
+    each where 80 MB/s came through) starts with the thread it lacked; a stage that waited for
+    others has a high rate per busy thread and keeps its settled count."""
+    out = []
+    for settled, rate in zip(record.settled, record.rates_bps):
+        need = math.ceil(record.throughput_bps / rate - 0.1) if rate > 0 else 0
+        out.append(max(int(settled), min(int(record.max_threads), need)))
+    return (out[0], out[1], out[2])
+
+
 def summary(record: JobRecord) -> Dict[str, Any]:
     """The parts of a record the interval log's ``start`` line shows."""
     return {"settled": list(record.settled), "rates_bps": [round(x, 1) for x in record.rates_bps],
@@ -209,4 +224,4 @@ def summary(record: JobRecord) -> Dict[str, Any]:
 
 
 __all__: List[str] = ["HISTORY_FORMAT", "JobRecord", "history_path", "load", "save", "record_from_intervals",
-                      "state_dir", "update", "summary"]
+                      "state_dir", "update", "summary", "start_threads"]

@@ -209,3 +209,22 @@ def test_the_tail_holds_the_counts_and_is_marked():
     assert rec.next_threads == (3, 3, 4) and applied[-1] == (3, 3, 4) and len(applied) == 2
     assert json.loads(log.getvalue().splitlines()[-1])["tail"] is True
     assert "tail" not in json.loads(log.getvalue().splitlines()[-2])
+
+
+def test_a_warm_start_holds_until_the_pipeline_delivers_a_cold_one_does_not(monkeypatch):
+    """A history or profile start is what the path needs: the first second, while the pipeline
+    fills, and any interval before the receiver wrote something do not move it (the policy still
+    sees them). A cold start acts at once."""
+    from automdt.start import Start
+
+    monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)
+    for source, held in (("history", True), ("profile", True), ("cold", False)):
+        pol, applied = _PPOish(), []
+        c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, start=Start((2, 3, 4), source))
+        c.start()
+        c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
+        rec = c.tick(_stats(0.5, 1 << 20, 0, 0, threads=(2, 3)), _rx(0), now=10.5)  # read, nothing written
+        assert len(pol.seen) == 1
+        assert rec.next_threads == ((2, 3, 4) if held else (3, 3, 4)), source
+        rec = c.tick(_stats(1.0, 2 << 20, 0, 0, threads=(2, 3)), _rx(1 << 20), now=11.0)  # delivered, 1 s: it acts
+        assert rec.next_threads == (3, 3, 4), source

@@ -92,6 +92,11 @@ def test_record_from_intervals():
     assert history.record_from_intervals(ramp[:1]).settled == (1, 1, 1)
     assert history.record_from_intervals([]) is None
     assert history.record_from_intervals(ramp, previous=_rec(runs=7)).runs == 8
+    # the next run starts at the settled triple, a stage raised to the threads that carry the
+    # run's throughput at its rate per busy thread: 7 readers of 10 MB/s each cannot carry 78
+    short = history.JobRecord(settled=(7, 2, 2), rates_bps=(1e7, 4e7, 4e7), throughput_bps=7.8e7, intervals=9)
+    assert history.start_threads(short) == (8, 2, 2)
+    assert history.start_threads(_rec()) == (6, 3, 2)  # it carried its throughput: unchanged
     # the tail (source read, buffers draining: "tail": true) is left out, however long it is
     tail = [dict(iv((8, 3, 2), 2e7, busy=(0.0, 0.5, 0.5)), tail=True)] * 8
     rec = history.record_from_intervals(ramp + steady + tail)
@@ -178,7 +183,8 @@ def test_second_run_starts_where_the_first_settled(slow_job, tmp_path):
     shutil.rmtree(dst)
     second, lines, _ = _run(src, dst, tmp_path / "2.jsonl", *opts, env=env)
     start = lines[0]["start"]
-    assert start["source"] == "history" and list(start["threads"].values()) == list(rec.settled)
+    assert start["source"] == "history" and list(start["threads"].values()) == list(history.start_threads(rec))
+    assert all(a >= b for a, b in zip(history.start_threads(rec), rec.settled))
     assert lines[1]["threads"] == start["threads"]  # the first interval really ran at it
     assert history.load(files[0])[0].runs == 2
 
