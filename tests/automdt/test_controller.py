@@ -212,13 +212,13 @@ def test_the_tail_holds_the_counts_and_is_marked():
 
 
 def test_a_warm_start_holds_until_the_pipeline_delivers_a_cold_one_does_not(monkeypatch):
-    """A history or profile start is what the path needs: the first second, while the pipeline
+    """A history start is what the path needs: the first second, while the pipeline
     fills, and any interval before the receiver wrote something do not move it (the policy still
-    sees them). A cold start acts at once."""
+    sees them). A cold or profile start acts at once."""
     from automdt.start import Start
 
     monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)
-    for source, held in (("history", True), ("profile", True), ("cold", False)):
+    for source, held in (("history", True), ("profile", False), ("cold", False)):
         pol, applied = _PPOish(), []
         c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, start=Start((2, 3, 4), source))
         c.start()
