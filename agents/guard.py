@@ -1,5 +1,6 @@
 """A floor under a learned policy: it does not sit below the rate it already reached while the stage
-that limits the transfer could add threads.
+that limits the transfer could add threads, and it does not rest at a balanced point short of
+what more threads on every busy stage would carry.
 
 The shipped PPO policy settles well on most paths, but on the engine it sometimes comes to rest
 below capacity: on issue 10's read-bound path (10 MB/s per reader, 80 MB/s achievable) it held
@@ -22,6 +23,14 @@ of the expected gain, the best rate is taken down to what the path delivers and 
 not leave threads on a path that cannot use them. A floor that paid
 stays under the policy's choices (the policy that settled too low would otherwise go back) until
 the stage shows spare threads (utilization below :data:`SPARE` for :data:`PATIENCE` intervals).
+
+A policy can also come to rest where every stage carries the same rate, each one busy: in the
+simulator the shipped policy held (11, 2, 13) at 0.69 of the oracle's utility on a held-out
+random profile, and 9-10 connections where 13 do on the held-out network-bound path. No rate
+fell, so the floor above never acts; after :data:`PROBE_AFTER` steady intervals with at least
+:data:`PROBE_STAGES` stages busy, the guard *probes*: :data:`PROBE_SHARE` more threads on each
+busy stage, judged like a raise (kept if it brings :data:`PAY` of the expected gain, undone
+otherwise, and a stage whose probe did not pay is not probed again in the transfer).
 
 The guard reads only the :class:`~automdt.policy_contract.Observation` (throughputs, threads,
 busy thread-seconds), which the simulator and the live engine both produce, so ``simulate`` and
@@ -53,6 +62,16 @@ JUDGE = 2
 """Intervals after a raise in which it must pay."""
 PAY = 0.5
 """Share of the expected gain a raise must bring within :data:`JUDGE` intervals."""
+STEADY = 0.95
+"""Intervals at or above this share of the best rate are steady."""
+PROBE_AFTER = 3
+"""Steady intervals in a row before the guard probes the limiting stage with more threads."""
+PROBE_STAGES = 2
+"""Stages that must be busy before a probe: a path where one stage limits and the others wait
+is what the policy was trained to settle; several busy stages at once is where it came to rest
+short (a balanced point, each stage carrying the same rate)."""
+PROBE_SHARE = 0.25
+"""A probe adds this share of the stage's threads (at least one)."""
 
 
 class FloorGuard:
@@ -83,6 +102,12 @@ class FloorGuard:
         counts to go back to if it does not pay (0: a stage it did not raise))."""
         self.raises = 0
         """Raises so far (for logs and tests)."""
+        self.steady = 0
+        self.probe_blocked = [False, False, False]
+        """Stages a probe did not pay for: not probed again in this transfer."""
+        self._probing: Optional[Tuple[int, ...]] = None
+        self.probes = 0
+        """Probes so far (for logs and tests)."""
 
     def __call__(self, obs: Observation, proposed: Triple) -> Triple:
         """The counts to run next: ``proposed`` (the policy's choice), raised where the guard acts
@@ -97,12 +122,20 @@ class FloorGuard:
             if verdict == "judging":
                 return self._floored(proposed)
             if verdict is not None:  # did not pay: back to the counts before the raise
+                for i in self._probing or ():
+                    self.probe_blocked[i] = True
+                self._probing = None
                 return tuple(min(p, u) if u else p for p, u in zip(proposed, verdict))  # type: ignore[return-value]
+            self._probing = None
         if last is not None:
             self.best = max(self.best, min(last, delivered))
         if delivered >= SHORTFALL * self.best:
             self.short, self.short_sum = 0, 0.0
+            self.steady = self.steady + 1 if delivered >= STEADY * self.best else 0
+            if self.steady >= PROBE_AFTER:
+                self._probe(obs, proposed, delivered)
             return self._floored(proposed)
+        self.steady = 0
         self.short += 1
         self.short_sum += delivered
         if self.short < PATIENCE and delivered >= SEVERE * self.best:
@@ -120,6 +153,35 @@ class FloorGuard:
                              (undo[0], undo[1], undo[2]))
             self.short, self.short_sum, self.judged = 0, 0.0, []
         return self._floored(proposed)
+
+    def _probe(self, obs: Observation, proposed: Triple, delivered: float) -> None:
+        """Steady: try :data:`PROBE_SHARE` more threads on every stage that limits (busy at least
+        :data:`BUSY`; on a balanced path all three); kept if the rate rises by :data:`PAY` of the
+        expected gain, undone otherwise (and those stages are not probed again). Finds the threads
+        a policy that settled short never tried; a stage held by a total limit costs one probe."""
+        assert obs.busy_s is not None
+        self.steady = 0
+        before = list(self.floors)
+        undo = [0, 0, 0]
+        ratio = float("inf")
+        util = [float(obs.busy_s[i]) / (int(obs.threads[i]) * float(obs.interval_s)) if obs.threads[i] else 0.0
+                for i in range(3)]
+        if sum(u >= BUSY for u in util) < PROBE_STAGES:
+            return
+        for s in range(3):
+            n = max(int(obs.threads[s]), int(proposed[s]), self.floors[s])
+            if self.probe_blocked[s] or util[s] < BUSY or n >= self.max_threads:
+                continue
+            m = min(self.max_threads, n + max(1, math.ceil(PROBE_SHARE * n)))
+            undo[s], self.floors[s] = n, m
+            ratio = min(ratio, m / n)
+        if not any(undo):
+            return
+        self.probes += 1
+        self._probing = tuple(i for i in range(3) if undo[i])
+        self._judging = (JUDGE, delivered, delivered * ratio, (before[0], before[1], before[2]),
+                         (undo[0], undo[1], undo[2]))
+        self.judged = []
 
     def _need(self, obs: Observation, s: int) -> int:
         """Threads stage ``s`` needs to carry the best rate, if it limits the transfer; else 0."""

@@ -100,3 +100,45 @@ def test_the_shipped_policy_carries_the_guard_unless_switched_off(monkeypatch):
     assert load_policy("ppo").guard is not None
     monkeypatch.setenv("AUTOMDT_GUARD", "0")
     assert load_policy("ppo").guard is None
+
+
+def _profile_run(prof, guard_on, steps=40):
+    from automdt.agents.ppo import load_policy
+    from automdt.simulator.oracle import evaluate_policy_in_sim
+
+    pol = load_policy("ppo")
+    if not guard_on:
+        pol.guard = None
+    traj = evaluate_policy_in_sim(pol, prof, steps=steps, seed=0, k=1.02)
+    return traj, pol.guard
+
+
+def test_a_balanced_rest_short_of_the_oracle_is_probed_up():
+    """Held-out random profile 22: the bare shipped policy rests at (11, 2, 13), every stage busy,
+    0.69 of the oracle (18, 4, 21); the probes take it most of the way, and a probe that does not
+    pay is undone for good."""
+    from automdt.agents.training import held_out_random_profiles
+
+    _, prof = held_out_random_profiles(30)[22]
+    bare, _ = _profile_run(prof, False)
+    got, g = _profile_run(prof, True)
+    print(f"bare {bare.fraction_of_oracle:.3f} {bare.settled_threads}, guarded {got.fraction_of_oracle:.3f} "
+          f"{got.settled_threads}, probes {g.probes}, blocked {g.probe_blocked}")
+    assert bare.fraction_of_oracle < 0.75
+    assert got.fraction_of_oracle >= 0.85 and g.probes >= 2
+
+
+def test_a_probe_on_a_total_limit_is_undone_and_not_repeated():
+    """Two stages busy at 80 MB/s under a total limit: the probe adds a quarter of their threads,
+    the rate stays, the probe is undone after JUDGE intervals and never tried again."""
+    from automdt.agents.guard import PROBE_AFTER
+
+    g = FloorGuard(32)
+    outs = []
+    threads = (8, 4, 2)
+    for _ in range(40):
+        outs.append(g(_obs(threads, (80 * MB, 80 * MB, 80 * MB), (threads[0], threads[1], 0.5)), (8, 4, 2)))
+        threads = outs[-1]
+    assert g.probes == 1 and g.probe_blocked == [True, True, False]
+    assert outs[PROBE_AFTER] == (10, 5, 2)  # the probe (after PROBE_AFTER + 1 intervals: best needs two)
+    assert all(o == (8, 4, 2) for o in outs[PROBE_AFTER + JUDGE:]), outs
