@@ -564,13 +564,14 @@ class PPOPolicy:
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike], *, deterministic: bool = True,
-             label: Optional[str] = None) -> "PPOPolicy":
+             label: Optional[str] = None, guard: Optional[bool] = None) -> "PPOPolicy":
         """Load a policy file written by :func:`automdt.agents.training.train`.
 
         Nothing in the zip is unpickled (see the module docstring) and torch is not needed; the
         weights must fit the network described by the metadata and the current simulator's spaces.
 
         :param label: the policy's name in logs; default ``ppo:<path>``.
+        :param guard: see :class:`PPOPolicy` (default: on unless ``AUTOMDT_GUARD=0``).
         :raises ValueError: one line, ``"<path>: not an AutoMDT policy (<why>)"``, if the file is
             missing, not a zip, lacks its metadata, does not match its recorded sha256, was
             trained for other observation/action spaces, or holds weights of another shape; or
@@ -578,7 +579,8 @@ class PPOPolicy:
         """
         p, meta = check_policy_file(path)
         actor = _read_actor(p, meta)
-        return cls(actor, deterministic=deterministic, metadata=meta, path=p, label=label or f"ppo:{os.fspath(path)}")
+        return cls(actor, deterministic=deterministic, metadata=meta, path=p, label=label or f"ppo:{os.fspath(path)}",
+                   guard=guard)
 
     @property
     def network(self) -> Any:
