@@ -102,6 +102,10 @@ class FloorGuard:
         counts to go back to if it does not pay (0: a stage it did not raise))."""
         self.raises = 0
         """Raises so far (for logs and tests)."""
+        self.note: Optional[str] = None
+        """What the last call did, for the interval log (``guard``): ``"raise"`` or ``"probe"``
+        (decided now), ``"trial:raise"``/``"trial:probe"`` (the interval that ended ran one, being
+        judged), with ``",undo"`` when it did not pay; None: nothing."""
         self.steady = 0
         self.probe_blocked = [False, False, False]
         """Stages a probe did not pay for: not probed again in this transfer."""
@@ -112,19 +116,23 @@ class FloorGuard:
     def __call__(self, obs: Observation, proposed: Triple) -> Triple:
         """The counts to run next: ``proposed`` (the policy's choice), raised where the guard acts
         (or, when its last raise did not pay, that raise undone)."""
+        self.note = None
         if obs.busy_s is None:
             return proposed
         delivered = float(obs.throughput_bps[2])
         last, self.last = self.last, delivered
         self._release_spare(obs)
         if self._judging is not None:
+            kind = "probe" if self._probing else "raise"
             verdict = self._judge(delivered)
+            self.note = f"trial:{kind}"  # the interval that ended ran the raise or probe
             if verdict == "judging":
                 return self._floored(proposed)
             if verdict is not None:  # did not pay: back to the counts before the raise
                 for i in self._probing or ():
                     self.probe_blocked[i] = True
                 self._probing = None
+                self.note = f"trial:{kind},undo"
                 return tuple(min(p, u) if u else p for p, u in zip(proposed, verdict))  # type: ignore[return-value]
             self._probing = None
         if last is not None:
@@ -151,6 +159,7 @@ class FloorGuard:
             self.raises += 1
             self._judging = (JUDGE, self.short_sum / self.short, self.best, (before[0], before[1], before[2]),
                              (undo[0], undo[1], undo[2]))
+            self.note = "raise"
             self.short, self.short_sum, self.judged = 0, 0.0, []
         return self._floored(proposed)
 
@@ -179,6 +188,7 @@ class FloorGuard:
             return
         self.probes += 1
         self._probing = tuple(i for i in range(3) if undo[i])
+        self.note = "probe" if self.note is None else f"{self.note},probe"
         self._judging = (JUDGE, delivered, delivered * ratio, (before[0], before[1], before[2]),
                          (undo[0], undo[1], undo[2]))
         self.judged = []

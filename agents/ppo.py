@@ -553,6 +553,9 @@ class PPOPolicy:
         self._rng: Any = None
         self._seed: Optional[int] = None
         self._last_encoding: Any = None
+        self.annotation: Dict[str, Any] = {}
+        """Fields for the interval log about the last :meth:`act` (``guard``: what the floor did,
+        :attr:`automdt.agents.guard.FloorGuard.note`)."""
 
     @property
     def actor(self) -> ActorMLP:
@@ -640,7 +643,11 @@ class PPOPolicy:
         new = actions_to_threads(action.reshape(1, -1), np.asarray(obs.threads, dtype=np.int64).reshape(1, 3),
                                  self.max_threads, self.action_head, self.train_max_threads, need)[0]
         new = clamp_triple(new, self.max_threads)
-        return self.guard(obs, new) if self.guard is not None else new
+        if self.guard is None:
+            return new
+        out = self.guard(obs, new)
+        self.annotation = {"guard": self.guard.note} if self.guard.note else {}
+        return out
 
     def _mode(self, x: Any) -> Any:
         """The most likely action for one network input (as SB3 ``predict(deterministic=True)``)."""

@@ -190,6 +190,8 @@ class Controller:
         ann = dict(self.annotations)
         if self.tail and not final:
             ann["tail"] = True
+        elif not final:
+            ann.update(getattr(self.policy, "annotation", None) or {})
         record = IntervalRecord(
             t=round(now - self.t0, 3),
             threads=ran,

@@ -228,3 +228,21 @@ def test_a_warm_start_holds_until_the_pipeline_delivers_a_cold_one_does_not(monk
         assert rec.next_threads == ((2, 3, 4) if held else (3, 3, 4)), source
         rec = c.tick(_stats(1.0, 2 << 20, 0, 0, threads=(2, 3)), _rx(1 << 20), now=11.0)  # delivered, 1 s: it acts
         assert rec.next_threads == (3, 3, 4), source
+
+
+def test_what_the_policy_says_of_its_choice_goes_to_the_log():
+    """A policy's ``annotation`` (PPO: what its floor did) is added to the interval's record."""
+
+    class Noting(Recorder):
+        def act(self, obs):
+            self.annotation = {"guard": "raise"} if len(self.seen) == 1 else {}
+            return super().act(obs)
+
+    pol, log = Noting(), io.StringIO()
+    c = Controller(pol, lambda t: None, interval_s=1.0, max_threads=8, log_file=log)
+    c.start()
+    c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
+    c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20), now=11.0)
+    c.tick(_stats(2.0, 2 << 20, 0, 0), _rx(2 << 20), now=12.0)
+    lines = [json.loads(x) for x in log.getvalue().splitlines()[1:]]
+    assert lines[0].get("guard") is None and lines[1]["guard"] == "raise"

@@ -134,11 +134,14 @@ def test_a_probe_on_a_total_limit_is_undone_and_not_repeated():
     from automdt.agents.guard import PROBE_AFTER
 
     g = FloorGuard(32)
-    outs = []
+    outs, notes = [], []
     threads = (8, 4, 2)
     for _ in range(40):
         outs.append(g(_obs(threads, (80 * MB, 80 * MB, 80 * MB), (threads[0], threads[1], 0.5)), (8, 4, 2)))
+        notes.append(g.note)
         threads = outs[-1]
+    # what the interval log's "guard" field says
+    assert [n for n in notes if n] == ["probe", "trial:probe", "trial:probe,undo"]
     assert g.probes == 1 and g.probe_blocked == [True, True, False]
     assert outs[PROBE_AFTER] == (10, 5, 2)  # the probe (after PROBE_AFTER + 1 intervals: best needs two)
     assert all(o == (8, 4, 2) for o in outs[PROBE_AFTER + JUDGE:]), outs
