@@ -79,6 +79,8 @@ ACTIVITIES = [
 ]
 
 _SYSCALL = re.compile(r"^(?:__x64_sys_|__do_sys_|__se_sys_|ksys_|__sys_|___sys_|____sys_)(\w+)$")
+# system calls whose __x64_sys_ frame the compiler inlined: their first own frame names them
+_INLINED = {"do_writev": "writev", "do_readv": "readv"}
 _PER_FILE = {"openat", "openat2", "open", "close", "close_range", "newfstatat", "newfstat", "fstat", "statx",
              "renameat", "renameat2", "rename", "unlinkat", "unlink", "ftruncate", "truncate", "fchmod",
              "fchmodat", "utimensat", "getdents64", "mkdirat", "mkdir", "fsync", "fdatasync", "lseek",
@@ -113,8 +115,8 @@ def classify(frames: List[Tuple[str, str]]) -> str:
     syscall = None
     for s in reversed(syms):  # the outermost system-call frame
         m = _SYSCALL.match(s)
-        if m:
-            syscall = m.group(1)
+        if m or s in _INLINED:
+            syscall = m.group(1) if m else _INLINED[s]
             break
     in_engine = any(s.startswith("amdt_") for s, _ in user)
     if kernel:
