@@ -23,6 +23,8 @@
  * in the CPU cache; in zero-copy mode a piece buffer of this size is all the memory a reader
  * uses. */
 #define AMDT_PIECE (128 * 1024)
+/* At most this many files are read at the same time (amdt_pick_file_locked). */
+#define AMDT_FILES_AT_ONCE_MAX 64
 
 typedef struct amdt_ticket {
     amdt_sfile *f;
@@ -355,11 +357,12 @@ done:
 
 /* The file to read the next chunk from: round robin over the first files of the queue (in
  * add order) that have chunks left, as many as the wider of the read and network stages has
- * threads (AUTOMDT_FILES_AT_ONCE=N: N), so that the chunks in flight belong to several files
- * and the receiver's write threads work on different files: buffered writes to one file
- * serialise on its inode lock, where a waiting writer spins (8-10% of a receiver's CPU
- * between two namespaces with 4 write threads on one file). One thread per stage keeps add
- * order. Drops failed and exhausted files from the queue on the way. Caller holds s->mu. */
+ * threads, at most AMDT_FILES_AT_ONCE_MAX (AUTOMDT_FILES_AT_ONCE=N: N), so that the chunks in
+ * flight belong to several files and the receiver's write threads work on different files:
+ * buffered writes to one file serialise on its inode lock, where a waiting writer spins (8-10%
+ * of a receiver's CPU between two namespaces with 4 write threads on one file). One thread per
+ * stage keeps add order. Drops failed and exhausted files from the queue on the way. Caller
+ * holds s->mu. */
 static amdt_sfile *amdt_pick_file_locked(amdt_sender *s)
 {
     amdt_sfile *prev = NULL, *f = s->q_head, *pick = NULL;
@@ -370,6 +373,8 @@ static amdt_sfile *amdt_pick_file_locked(amdt_sender *s)
         int nn = __atomic_load_n(&s->net.target, __ATOMIC_RELAXED);
         width = nr > nn ? nr : nn;
     }
+    if (width > AMDT_FILES_AT_ONCE_MAX)
+        width = AMDT_FILES_AT_ONCE_MAX; /* bounds the walk below (one per chunk, under s->mu) */
     while (f != NULL && (n < width || n == 0)) {
         amdt_sfile *next = f->next;
         if (f->failed || f->cursor_left == 0) {
@@ -393,7 +398,8 @@ static amdt_sfile *amdt_pick_file_locked(amdt_sender *s)
     return pick;
 }
 
-/* Next chunk to read: requeued chunks first, then the files being read (see amdt_pick_file_locked). Caller holds s->mu. */
+/* Next chunk to read: requeued chunks first, then the files being read (see
+ * amdt_pick_file_locked). Caller holds s->mu. */
 static int amdt_take_locked(amdt_sender *s, amdt_ticket *t)
 {
     while (s->rq_head != NULL) {
