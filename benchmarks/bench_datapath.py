@@ -118,7 +118,7 @@ def settle_children(pid: int, timeout: float = 5.0) -> None:
 class Ctx:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.scratch = os.path.join("/dev/shm", f"amdt-bench11-{os.getpid()}")
+        self.scratch = os.path.join("/dev/shm", f"{args.prefix or 'amdt-'}bench11-{os.getpid()}")
         os.makedirs(self.scratch)
         os.chmod(self.scratch, 0o755)
         self.data_root = args.data_dir or os.path.join(self.scratch, "data")
@@ -348,7 +348,7 @@ def section_netns(ctx: Ctx) -> Dict[str, Any]:
     if not ok:
         return {"skipped": why}
     out: Dict[str, Any] = {}
-    link = NetnsPair(rate=None, prefix=NS_PREFIX).open()
+    link = NetnsPair(rate=None, prefix=ctx.args.prefix or NS_PREFIX).open()
     srv = rx = None
     try:
         in_a = link.exec_argv("a", [])
@@ -398,7 +398,7 @@ def section_link(ctx: Ctx) -> Dict[str, Any]:
     rate = "1gbit" if ctx.args.quick else ctx.args.rate
     ds = ctx.dataset("large")
     out: Dict[str, Any] = {"rate": rate, "qdisc": ctx.args.qdisc, "dataset": ds.label(), "rows": []}
-    link = NetnsPair(rate=rate, qdisc=ctx.args.qdisc, prefix=NS_PREFIX).open()
+    link = NetnsPair(rate=rate, qdisc=ctx.args.qdisc, prefix=ctx.args.prefix or NS_PREFIX).open()
     rx = rx_enc = ip = None
     try:
         in_a = link.exec_argv("a", [])
@@ -524,13 +524,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--qdisc", default="tbf", choices=["tbf", "htb"])
     ap.add_argument("--data-dir", help="datasets here (kept and reused); default: a scratch directory, removed")
     ap.add_argument("--json", metavar="FILE", help="every figure and raw sample as JSON")
+    ap.add_argument("--prefix", default="", help="name prefix of the namespaces and the /dev/shm scratch directory "
+                                                 "(default: amdt-b11 and amdt-)")
     args = ap.parse_args(argv)
     args.sections = [s.strip() for s in args.only.split(",") if s.strip()] or list(SECTIONS)
     args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     bad = [s for s in args.sections if s not in SECTIONS] + [d for d in args.datasets if d not in SPECS]
     if bad or args.reps < 1:
         ap.error(f"unknown section/dataset {bad}" if bad else "--reps must be at least 1")
-    for ns in reap_stale(NS_PREFIX):
+    for ns in reap_stale(args.prefix or NS_PREFIX):
         say(f"(removed namespace {ns}, left by a killed run)")
     ensure_peers()
 

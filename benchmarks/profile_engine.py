@@ -6,6 +6,8 @@ One profiled run of the CLI (after one untimed warm-up), tmpfs to tmpfs, in one 
           AUTOMDT_LOCAL_LINK=0 in the environment: loopback TCP)
   netns   `automdt receive` in namespace B, `automdt transfer SRC 10.77.0.2:PORT` in namespace A,
           over a veth pair without a rate limit (benchmarks/netns.py)
+  gridftp the peer measured the same way between the same namespaces: `globus-url-copy -fast
+          -cc 4 -p 4` in A to `globus-gridftp-server` in B (client and server profiled apart)
 
 Each process is sampled with `perf record -g` (cpu-clock; this VM has no hardware counters) and
 every sample is put in one activity by its kernel call chain (the system call it is in) or its
@@ -19,10 +21,12 @@ system-call counts (strace slows the run a lot: counts only, no times).
     .venv/bin/python benchmarks/profile_engine.py                          # large, local + netns
     .venv/bin/python benchmarks/profile_engine.py --dataset small --mode local --strace
     .venv/bin/python benchmarks/profile_engine.py --threads 2,2,2 --extra=--encrypt --json out.json
+    .venv/bin/python benchmarks/profile_engine.py --mode netns,gridftp --prefix amdt-n-   # side by side
 
 Needs root (perf, namespaces) and Debian's linux-perf (and strace for --strace). Datasets are
 random data in /dev/shm/amdt-prof-<pid>/ (or --data-dir, kept), removed at exit with the
-namespaces (amdt-prof-A/B-<pid>-<tag>) and every process started, each ended by its PID.
+namespaces (amdt-prof-A/B-<pid>-<tag>; --prefix changes "amdt-prof-") and every process started,
+each ended by its PID.
 """
 from __future__ import annotations
 
@@ -69,11 +73,14 @@ ACTIVITIES = [
     "libc (memcpy, e.g. OpenSSL's into slots; locks)",
     "Python (start-up, control loop, session)",
     "control channel (zmq)",
+    "GridFTP user space (globus libraries)",
     "other kernel",
     "other",
 ]
 
 _SYSCALL = re.compile(r"^(?:__x64_sys_|__do_sys_|__se_sys_|ksys_|__sys_|___sys_|____sys_)(\w+)$")
+# system calls whose __x64_sys_ frame the compiler inlined: their first own frame names them
+_INLINED = {"do_writev": "writev", "do_readv": "readv"}
 _PER_FILE = {"openat", "openat2", "open", "close", "close_range", "newfstatat", "newfstat", "fstat", "statx",
              "renameat", "renameat2", "rename", "unlinkat", "unlink", "ftruncate", "truncate", "fchmod",
              "fchmodat", "utimensat", "getdents64", "mkdirat", "mkdir", "fsync", "fdatasync", "lseek",
@@ -90,6 +97,9 @@ _PAGE_ALLOC = {"shmem_alloc_and_add_folio", "shmem_alloc_folio", "shmem_add_to_p
                "__filemap_add_folio", "filemap_add_folio", "folio_batch_move_lru", "__folio_batch_add_and_move",
                "mem_cgroup_charge", "__mem_cgroup_charge", "shmem_inode_acct_blocks", "clear_page_erms",
                "clear_page_rep", "clear_page_orig"}
+_FILE_READ = {"shmem_file_read_iter", "filemap_read", "generic_file_read_iter"}
+_FILE_WRITE = {"shmem_file_write_iter", "generic_perform_write", "__generic_file_write_iter",
+               "generic_file_write_iter"}
 _RX_SOFTIRQ = {"net_rx_action", "process_backlog", "__netif_receive_skb", "tcp_v4_rcv", "tcp_v6_rcv",
                "ip_rcv", "ipv6_rcv", "__napi_poll"}
 
@@ -105,8 +115,8 @@ def classify(frames: List[Tuple[str, str]]) -> str:
     syscall = None
     for s in reversed(syms):  # the outermost system-call frame
         m = _SYSCALL.match(s)
-        if m:
-            syscall = m.group(1)
+        if m or s in _INLINED:
+            syscall = m.group(1) if m else _INLINED[s]
             break
     in_engine = any(s.startswith("amdt_") for s, _ in user)
     if kernel:
@@ -134,10 +144,18 @@ def classify(frames: List[Tuple[str, str]]) -> str:
                     return "TCP input (softirq)" if symset & _RX_SOFTIRQ else "send (TCP output)"
                 if symset & {"sock_read_iter", "tcp_recvmsg"}:
                     return "receive (recv)"
-                return "journal (write)" if in_engine or not user else "other kernel"
+                if in_engine or not user:
+                    return "journal (write)"
+                if symset & _PAGE_ALLOC:  # a data write() of another program (GridFTP's server)
+                    return "page-cache allocation"
+                if symset & _FILE_WRITE:
+                    return "write (copy into page cache)"
+                return "other kernel"
             if syscall in ("read", "readv"):
                 if symset & {"tcp_recvmsg", "sock_read_iter"}:
                     return "receive (recv)"
+                if symset & _FILE_READ:  # a data read() of another program (GridFTP's client)
+                    return "read (pread of the source)"
                 return "other kernel"
             if syscall in _PER_FILE:
                 return "per-file system calls"
@@ -162,6 +180,8 @@ def classify(frames: List[Tuple[str, str]]) -> str:
         return "TLS / OpenSSL (also hashlib)"
     if "_engine" in leaf_dso or in_engine:
         return "engine bookkeeping (user)"
+    if "globus" in leaf_dso:
+        return "GridFTP user space (globus libraries)"
     if "libzmq" in leaf_dso or "zmq" in leaf_dso:
         return "control channel (zmq)"
     if "libc.so" in leaf_dso or "libc-" in leaf_dso:
@@ -280,19 +300,33 @@ def children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def breakdown(parts: Sequence[Tuple[str, str, float]], gb: float) -> Dict:
+    """(who, perf.data, CPU seconds) per process -> CPU-s/GB per activity: each activity's share
+    of the process's samples times its CPU seconds (of an unprofiled run), over the GB moved."""
+    total: Dict[str, float] = Counter()
+    per_proc: Dict[str, Dict[str, float]] = {}
+    for who, data, cpu in parts:
+        counts = perf_samples(data)
+        n = sum(counts.values()) or 1
+        per_proc[who] = {k: cpu * v / n / gb for k, v in counts.items()}
+        for k, v in per_proc[who].items():
+            total[k] += v
+    return {"breakdown_cpu_s_per_gb": dict(total), "breakdown_per_process": per_proc}
+
+
 # ------------------------------------------------------------------ one profile
 class Setup:
     """Where a transfer runs: local mode, or a receiver in namespace B."""
 
-    def __init__(self, mode: str, scratch: str, extra: Sequence[str]) -> None:
-        self.mode, self.scratch, self.extra = mode, scratch, list(extra)
+    def __init__(self, mode: str, scratch: str, extra: Sequence[str], prefix: str = "amdt-prof-") -> None:
+        self.mode, self.scratch, self.extra, self.prefix = mode, scratch, list(extra), prefix
         self.link: Optional[NetnsPair] = None
         self.rx: Optional[subprocess.Popen] = None
         self.dst = os.path.join(scratch, f"dst-{mode}")
 
     def __enter__(self) -> "Setup":
         if self.mode == "netns":
-            self.link = NetnsPair(rate=None, prefix="amdt-prof-").open()
+            self.link = NetnsPair(rate=None, prefix=self.prefix).open()
             secret = os.path.join(self.scratch, "secret")
             if not os.path.exists(secret):
                 with open(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
@@ -338,11 +372,11 @@ class Setup:
 
 
 def profile(mode: str, src: str, nbytes: int, threads: Optional[str], extra: Sequence[str], scratch: str,
-            do_strace: bool, freq: int) -> Dict:
+            do_strace: bool, freq: int, prefix: str = "amdt-prof-") -> Dict:
     out: Dict = {"mode": mode, "threads": threads, "extra": list(extra)}
     gb = nbytes / 1e9
     timeout = 120 + nbytes / 20e6
-    with Setup(mode, scratch, extra) as st:
+    with Setup(mode, scratch, extra, prefix) as st:
         # warm-up (untimed): slots, page cache, the receiver's first session
         st.clear()
         rc, _, _, so = run_wait(st.argv(src, threads), timeout)
@@ -407,16 +441,7 @@ def profile(mode: str, src: str, nbytes: int, threads: Optional[str], extra: Seq
         parts = [("sender" if mode == "netns" else "process", data_tx, cpu_tx_plain)]
         if mode == "netns":
             parts.append(("receiver", data_rx, cpu_rx_plain))
-        breakdown: Dict[str, float] = Counter()
-        per_proc: Dict[str, Dict[str, float]] = {}
-        for who, data, cpu in parts:
-            counts = perf_samples(data)
-            n = sum(counts.values()) or 1
-            per_proc[who] = {k: cpu * v / n / gb for k, v in counts.items()}
-            for k, v in per_proc[who].items():
-                breakdown[k] += v
-        out["breakdown_cpu_s_per_gb"] = dict(breakdown)
-        out["breakdown_per_process"] = per_proc
+        out.update(breakdown(parts, gb))
 
         # 4. strace: system-call counts
         if do_strace and shutil.which("strace"):
@@ -425,6 +450,88 @@ def profile(mode: str, src: str, nbytes: int, threads: Optional[str], extra: Seq
             rc, _, _, _ = run_wait(st.argv(src, threads, ["strace", "-c", "-f", "-o", sfile, "--"]), timeout * 4)
             out["syscalls_sender_side" if mode == "netns" else "syscalls"] = _read_strace(sfile)
         st.clear()
+    return out
+
+
+def profile_gridftp(src: str, nbytes: int, scratch: str, freq: int, prefix: str, cc: int = 4, par: int = 4) -> Dict:
+    """The peer measured the same way: `globus-url-copy -fast -cc CC -p P` in namespace A to a
+    `globus-gridftp-server` in namespace B (anonymous, setuid nobody), one warm-up, then one run
+    with the client under `perf record -g` and the server (and the session process it forks)
+    under `perf record -g -p`, and one unprofiled run for the CPU seconds (client: rusage;
+    server: its own and its reaped children's CPU)."""
+    import pwd
+
+    out: Dict = {"mode": f"netns gridftp -cc {cc} -p {par}", "threads": None, "extra": []}
+    gb = nbytes / 1e9
+    nobody = pwd.getpwnam("nobody").pw_uid
+    dst = os.path.join(scratch, "dst-gridftp")
+    link = NetnsPair(rate=None, prefix=prefix).open()
+    srv = None
+    try:
+        srv_log = open(os.path.join(scratch, "gridftp.log"), "wb")
+        srv = start(link.exec_argv("b", ["globus-gridftp-server", "-aa", "-anonymous-user", "nobody", "-p", "47102",
+                                         "-control-interface", link.addr_b, "-data-interface", link.addr_b,
+                                         "-home-dir", "/"]), stdout=srv_log, stderr=subprocess.STDOUT)
+        time.sleep(1.0)
+
+        def fresh() -> None:
+            shutil.rmtree(dst, ignore_errors=True)
+            os.makedirs(dst)
+            os.chown(dst, nobody, -1)
+
+        def srv_cpu() -> float:
+            with open(f"/proc/{srv.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+        def settle() -> None:
+            end = time.monotonic() + 10
+            while time.monotonic() < end:
+                kids = subprocess.run(["pgrep", "-P", str(srv.pid)], stdout=subprocess.PIPE, text=True).stdout
+                if not kids.strip():
+                    return
+                time.sleep(0.05)
+
+        def argv(wrap: Sequence[str] = ()) -> List[str]:
+            return link.exec_argv("a", list(wrap) + ["globus-url-copy", "-cc", str(cc), "-p", str(par), "-fast", "-r",
+                                                      f"file://{src}/", f"ftp://{link.addr_b}:47102{dst}/"])
+
+        timeout = 120 + nbytes / 20e6
+        fresh()
+        rc, _, _, _ = run_wait(argv(), timeout)
+        if rc != 0:
+            raise RuntimeError(f"GridFTP warm-up failed (exit {rc})")
+        settle()
+        # 1. perf record, client and server
+        fresh()
+        data_tx = os.path.join(scratch, "perf-gridftp-tx.data")
+        data_rx = os.path.join(scratch, "perf-gridftp-rx.data")
+        rxperf = start(["perf", "record", "-g", "-F", str(freq), "-p", str(srv.pid), "-o", data_rx],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        rc, wall, _, _ = run_wait(argv(["perf", "record", "-g", "-F", str(freq), "-o", data_tx, "--"]), timeout)
+        settle()
+        stop(rxperf, signal.SIGINT, 30)
+        if rc != 0:
+            raise RuntimeError(f"profiled GridFTP transfer failed (exit {rc})")
+        out["wall_s"] = wall
+        out["seconds_inprocess"] = wall
+        # 2. CPU seconds without perf
+        fresh()
+        s0, c0 = srv_cpu(), children_cpu()
+        rc, wall2, _, _ = run_wait(argv(), timeout)
+        settle()
+        cpu_tx, cpu_rx = children_cpu() - c0, srv_cpu() - s0
+        out["wall_s_stat_run"] = wall2
+        out["cpu_s"] = {"client": cpu_tx, "server": cpu_rx}
+        out["cpu_s_per_gb"] = (cpu_tx + cpu_rx) / gb
+        out["perf_stat"] = {}
+        out.update(breakdown([("client", data_tx, cpu_tx), ("server", data_rx, cpu_rx)], gb))
+    finally:
+        if srv is not None:
+            stop(srv)
+        link.close()
+        shutil.rmtree(dst, ignore_errors=True)
     return out
 
 
@@ -486,7 +593,9 @@ def report(res: Dict, gb: float) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", default="local,netns", help="local, netns or both (comma list)")
+    ap.add_argument("--mode", default="local,netns",
+                    help="local, netns, gridftp (the peer between the same namespaces, -cc 4 -p 4; "
+                         "comma list)")
     ap.add_argument("--dataset", default="large", choices=sorted(DATASETS),
                     help="large 8 x 256 MiB, small 2000 x 1 MiB, tiny 20000 x 64 KiB")
     ap.add_argument("--threads", default="4,4,4", help="--threads of the transfer ('' = the default policy)")
@@ -495,15 +604,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--freq", type=int, default=997, help="perf sampling frequency (Hz)")
     ap.add_argument("--data-dir", help="keep/reuse datasets here (default: a scratch directory, removed)")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--prefix", default="amdt-prof-",
+                    help="name prefix of the namespaces and the /dev/shm scratch directory (default amdt-prof-)")
     args = ap.parse_args(argv)
     if shutil.which("perf") is None:
         print("perf not found: apt-get install -y linux-perf", file=sys.stderr)
         return 2
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
-    if "netns" in modes and not netns_available()[0]:
-        print(f"netns skipped: {netns_available()[1]}")
-        modes.remove("netns")
-    scratch = tempfile.mkdtemp(prefix=f"amdt-prof-{os.getpid()}-", dir="/dev/shm")
+    for m in ("netns", "gridftp"):
+        if m in modes and not netns_available()[0]:
+            print(f"{m} skipped: {netns_available()[1]}")
+            modes.remove(m)
+    if "gridftp" in modes and shutil.which("globus-url-copy") is None:
+        print("gridftp skipped: globus-url-copy not installed")
+        modes.remove("gridftp")
+    scratch = tempfile.mkdtemp(prefix=f"{args.prefix}{os.getpid()}-", dir="/dev/shm")
     os.chmod(scratch, 0o755)
     results = []
     try:
@@ -516,7 +631,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{args.threads or 'default policy'}, extra {args.extra}, load {os.getloadavg()[0]:.1f}, "
               f"{time.strftime('%Y-%m-%d %H:%M')}")
         for mode in modes:
-            res = profile(mode, src, nfiles * size, args.threads or None, args.extra, scratch, args.strace, args.freq)
+            if mode == "gridftp":
+                res = profile_gridftp(src, nfiles * size, scratch, args.freq, args.prefix)
+            else:
+                res = profile(mode, src, nfiles * size, args.threads or None, args.extra, scratch, args.strace,
+                              args.freq, args.prefix)
             res["dataset"] = args.dataset
             results.append(res)
             report(res, gb)

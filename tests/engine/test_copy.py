@@ -147,3 +147,26 @@ def test_corruption_hook_and_requeue(rig):
     r.tx.requeue(2, 0, CHUNK)
     r.wait_done([2])
     r.assert_identical(2)
+
+
+@pytest.mark.parametrize("at_once", ["3", None])
+def test_large_files_are_read_several_at_a_time(rig, monkeypatch, at_once):
+    """Chunks are taken round robin from the first files of the queue, as many files as the
+    wider sender stage has threads (AUTOMDT_FILES_AT_ONCE=N: N), so the receiver's writers work
+    on different files instead of queueing on one file's inode lock. One thread per stage keeps
+    the order of the reads as the order of the writes: with 3 files at once a one-chunk file
+    queued after an eight-chunk one completes first; with one read and one network thread
+    (the default then reads one file at a time, in add order) it completes second."""
+    if at_once is not None:
+        monkeypatch.setenv("AUTOMDT_FILES_AT_ONCE", at_once)
+    r = rig(chunk=CHUNK, threads=(0, 1, 1))
+    r.add(1, 8 * CHUNK)
+    r.add(2, CHUNK // 2)
+    r.add(3, 8 * CHUNK + 1)
+    r.tx.set_threads(1, 1)  # every file is queued before the first read
+    r.wait_done([1, 2, 3])
+    order = [e[1] for e in r.rx_kind("file_done")]
+    assert order == ([2, 1, 3] if at_once else [1, 2, 3])
+    assert r.rx.stats().chunks_written == 8 + 1 + 9
+    for fid in (1, 2, 3):
+        r.assert_identical(fid)

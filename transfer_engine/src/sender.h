@@ -36,6 +36,7 @@ typedef struct amdt_sfile {
     size_t range_idx; /* read cursor: ranges[range_idx].offset + range_pos */
     uint64_t range_pos;
     uint64_t cursor_left; /* chunks left under the cursor */
+    uint64_t last_pick;   /* s->q_turn when a chunk was last taken from the cursor (0: never) */
     uint64_t requeued;    /* requeue entries that point at this file */
     int readers;          /* reader threads holding a chunk of this file */
     int senders;          /* zero-copy: staged or in-flight slots that will sendfile() from fd */
@@ -95,6 +96,9 @@ typedef struct amdt_sender {
     pthread_cond_t cv_work; /* a file or a requeued chunk was added */
     amdt_map files;
     amdt_sfile *q_head, *q_tail;
+    int files_at_once; /* files read at the same time, round robin (amdt_pick_file_locked); 0:
+                        * as many as the wider of the read and network stages has threads */
+    uint64_t q_turn;   /* chunks taken from the queue (amdt_sfile.last_pick stamps) */
     amdt_requeue *rq_head, *rq_tail;
     uint64_t pending; /* queued to read + staged + in flight */
     uint64_t files_failed;
