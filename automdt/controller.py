@@ -72,6 +72,11 @@ class Controller:
         self.history: list[IntervalRecord] = []
         self.last_record: Optional[IntervalRecord] = None
         self.start_record: Optional[Dict[str, Any]] = None
+        self._warm = False
+        self._t_base = 0.0
+        self.tail = False
+        """Set by the sender once the source is read to the end: the buffers drain and the policy
+        is no longer asked (see :meth:`tick`)."""
         self.annotations: Dict[str, Any] = {}
         """Fields added to every interval record from now on (the sender sets ``throttle``, the
         throttle spec in force at the end of the interval)."""
@@ -81,7 +86,13 @@ class Controller:
         return (r, n, min(w, self.write_max)) if self.write_max is not None else (r, n, w)
 
     def start(self) -> Triple:
-        """Reset the policy, apply the start triple, and log where it came from."""
+        """Reset the policy, apply the start triple, and log where it came from.
+
+        A warm start from the job's history (:data:`WARM_SOURCES`) is held through the first
+        ``interval_s`` and until the receiver has written something: the policy sees those
+        intervals (its state follows them), but they only say that the pipeline is still filling (a 4 MiB chunk takes 0.4 s to read at 10 MB/s), and acting on them threw
+        away the knowledge the start carries (on issue 10's warm path the shipped policy probed
+        every history start to 32 threads after its first half interval)."""
         own = self._clamp(self.policy.reset(self.max_threads), self.max_threads)
         if self.start_choice is None:
             self.threads = own
@@ -95,6 +106,7 @@ class Controller:
         self.apply(self.threads)
         self.t0 = self._last_t = time.monotonic()
         self.start_record = {"t": 0.0, "start": record, "policy": self._name()}
+        self._warm = self.start_choice is not None and self.start_choice.source in WARM_SOURCES
         if self.log_file is not None:
             self.log_file.write(json.dumps(self.start_record) + "\n")
             self.log_file.flush()
@@ -130,7 +142,15 @@ class Controller:
         the data connections retransmitted in the interval (the sender's TCP_INFO counters).
         ``final``: the run ended; the partial interval since the last record goes to the log file
         only (``"final": true``; the policy is not asked, :attr:`history` keeps whole intervals),
-        so the log covers the whole run even when its end moved faster than one interval."""
+        so the log covers the whole run even when its end moved faster than one interval.
+
+        In the run's tail (:attr:`tail`: every byte of the source has been read; what is left
+        drains from the staging buffers) the counts hold (the record carries ``"tail": true``):
+        no policy was trained on a source that has ended, and the shipped one read the readers'
+        silence there as a slow path and cut the writers that were draining the receiver's
+        buffer (down to 2 writers for 8 on a write-bound path: dips of 7-8 intervals at the end of
+        ``bench_policy.py``'s sustained runs).
+        Holding costs nothing: only the buffers' contents are left to move."""
         tcp = (int(sender_stats.tcp_segs_out), int(sender_stats.tcp_retrans))
         now = time.monotonic() if now is None else now
         counted = (sender_stats.read.bytes, sender_stats.net.bytes,
@@ -138,6 +158,7 @@ class Controller:
         busy = _busy(sender_stats, receiver_stats)
         if self._last is None or self._last_busy is None:
             self._last, self._last_busy, self._last_t, self._last_tcp = counted, busy, now, tcp
+            self._t_base = now
             return None
         dt = now - self._last_t
         if dt < (0.05 if final else self.next_interval_s()):
@@ -158,8 +179,19 @@ class Controller:
                           max_threads=self.max_threads, loss=loss,
                           buffer_bytes=(int(sender_stats.buffer.capacity_bytes), int(rbuf.capacity_bytes) if rbuf else 0),
                           busy_s=busy_s, wait_s=wait_s)
-        new = ran if final else self._clamp(self.policy.act(obs), self.limit)
+        if final:
+            new = ran
+        elif self.tail:
+            new = self.threads
+        else:
+            new = self._clamp(self.policy.act(obs), self.limit)
+            if self._warm and (counted[2] == 0 or now - self._t_base < self.interval_s - 1e-3):
+                new = self.threads  # a warm start holds while the pipeline fills (see :meth:`start`)
         ann = dict(self.annotations)
+        if self.tail and not final:
+            ann["tail"] = True
+        elif not final:
+            ann.update(getattr(self.policy, "annotation", None) or {})
         record = IntervalRecord(
             t=round(now - self.t0, 3),
             threads=ran,
@@ -200,19 +232,27 @@ class Controller:
                 int(write) or asked[2])
 
 
-EARLY_INTERVALS: Tuple[float, ...] = ()
-"""The first intervals of a policy that takes a start (PPO), as fractions of ``interval_s``: none
-by default. ``AUTOMDT_EARLY_INTERVALS=0.5,0.5`` gives two half intervals first.
+WARM_SOURCES = ("history",)
+"""Start sources (:data:`automdt.start.SOURCES`) held while the pipeline fills
+(:meth:`Controller.start`): the job's history, the path's own measured triple. A profile start
+(the oracle triple of a fitted profile, the fewest threads that carry the rate) is not held: the
+policy's move after the first half interval adds the headroom the pipeline's start-up needs
+(quiet, 3 rounds: 90% within the first second on all six ramp paths; held, the network-bound
+path at 80 MB/s, 8 connections of 10 MB/s, took 2 s)."""
+
+EARLY_INTERVALS: Tuple[float, ...] = (0.5, 0.5)
+"""The first intervals of a policy that takes a start (PPO), as fractions of ``interval_s``: two
+half intervals, then steady ones. ``AUTOMDT_EARLY_INTERVALS=0`` (or ``""``) turns them off.
 
 Two half intervals let a cold start's first choice (often a probe of a stage to many threads) be
 answered within the first steady interval: on the engine (the experiments' read-, network- and
 write-bound paths at 80 and 250 MB/s, quiet, 3 rounds) 90% of the achievable rate by 2 s instead of
-3 s, and by 1 s with a profile-trained policy. But on the issue's read-bound path (10 MB/s per
-reader, 80 MB/s, 26 x 100 MB, default buffers) the same policy then fell, in 2 of 4 runs, into a
-fixed point below capacity (32 readers, 1 network thread: 63.7 s and 41.2 s instead of 33.6 s),
-and in 0 of 4 interleaved runs with 1-s intervals (2026-11-24, quiet machine; 1 of 3 in
-``bench_policy.py --only sustained`` just before). Until the policy is trained with them, a slower
-ramp is the lesser harm, so they are off by default."""
+3 s, and by 1 s with a profile-trained policy. Without the policy's floor
+(:class:`~automdt.agents.guard.FloorGuard`) the shipped policy then fell, on the issue's
+read-bound path, into a fixed point below capacity in 2 of 4 runs (32 readers and 1 network
+thread, or 6 readers where 8 are needed: 63.7 s and 41.2 s instead of 33.6 s), so they were off;
+with the floor under it the same path ran 4 of 4 times at capacity after a one-interval dip
+(2026-11-24)."""
 
 
 def default_early_intervals(policy: Any, interval_s: float) -> Tuple[float, ...]:

@@ -24,8 +24,9 @@ File format (JSON, one object)::
      "settled": [8, 4, 3], "rates_bps": [1.0e7, 2.1e7, 2.9e7], "throughput_bps": 8.0e7,
      "intervals": 31, "max_threads": 32}
 
-``settled``: the most frequent (read, net, write) triple over the run's second half (the final
-interval, when the dataset drains, left out; ties go to the latest); ``rates_bps``: bytes per busy thread-second of each
+``settled``: the most frequent (read, net, write) triple over the run's second half (the run's
+tail, when the source is read and the buffers drain, the last interval before it and the
+intervals that tried a probe of the policy's floor left out; ties go to the latest); ``rates_bps``: bytes per busy thread-second of each
 stage over the same intervals (the per-thread rates, as ``automdt explore`` measures them);
 ``throughput_bps``: the median end-to-end (write) rate over them.
 """
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import statistics
 import tempfile
@@ -168,7 +170,11 @@ def record_from_intervals(records: Sequence[Any], *, policy: str = "", max_threa
             if isinstance(r, IntervalRecord) or isinstance(r, dict) and "threads" in r and "bytes" in r]
     if not recs:
         return None
-    window = recs[:-1] if len(recs) >= 3 else recs  # the last interval usually has the dataset draining
+    # left out: the tail (the source read, the buffers draining) and intervals that ran a probe
+    # of the policy's floor (agents/guard.py) on trial
+    body = [r for r in recs if not r.extra.get("tail") and not str(r.extra.get("guard", "")).startswith("trial:probe")]
+    recs_used = body if len(body) >= 3 else recs
+    window = recs_used[:-1] if len(recs_used) >= 3 else recs_used  # the last one usually drains already
     window = window[len(window) // 2:]
     triples = [r.threads for r in window]
     counts = Counter(triples)
@@ -198,6 +204,28 @@ def update(path: Path, records: Sequence[Any], *, previous: Optional[JobRecord],
     return None
 
 
+def start_threads(record: JobRecord) -> Tuple[int, int, int]:
+    """Where the job's next run starts: the triple the last run settled at, each stage raised to
+    the threads that carry that run's throughput at the stage's measured rate per busy thread
+    (``ceil(throughput / rate - 0.1)``), and the stage that used its threads most (the
+    bottleneck: the highest ``throughput / rate / settled``) given one thread over that.
+
+    A run that settled one thread short while a draining buffer hid it (a short job after a probe
+    filled the sender buffer: 7 readers at 10 MB/s each where 80 MB/s came through) starts with
+    the thread it lacked; a stage that waited for others has a high rate per busy thread and keeps
+    its settled count. The thread over the bottleneck's need is for the run's first second: the
+    pipeline is still filling (on issue 10's warm path, 8 readers of 10 MB/s delivered 69 MB/s
+    between 0.5 and 1.0 s, 9 readers 77-78: 90% of the 80 MB/s within the first interval)."""
+    need = [record.throughput_bps / r if r > 0 else 0.0 for r in record.rates_bps]
+    out = [max(int(s), min(int(record.max_threads), math.ceil(x - 0.1))) if x > 0 else int(s)
+           for s, x in zip(record.settled, need)]
+    used = [x / s if s > 0 else 0.0 for x, s in zip(need, record.settled)]
+    b = max(range(3), key=lambda i: used[i])
+    if need[b] > 0:
+        out[b] = max(out[b], min(int(record.max_threads), math.ceil(need[b] - 0.1) + 1))
+    return (out[0], out[1], out[2])
+
+
 def summary(record: JobRecord) -> Dict[str, Any]:
     """The parts of a record the interval log's ``start`` line shows."""
     return {"settled": list(record.settled), "rates_bps": [round(x, 1) for x in record.rates_bps],
@@ -206,4 +234,4 @@ def summary(record: JobRecord) -> Dict[str, Any]:
 
 
 __all__: List[str] = ["HISTORY_FORMAT", "JobRecord", "history_path", "load", "save", "record_from_intervals",
-                      "state_dir", "update", "summary"]
+                      "state_dir", "update", "summary", "start_threads"]

@@ -352,6 +352,9 @@ class _Transfer:
         """Planned files not yet activated (manifest indices)."""
         self.active: Dict[int, float] = {}
         """Files open on the receiver and fed to the engine, with when they were activated."""
+        self.bytes_queued = 0
+        """Bytes of the ranges fed to the engine: once no file is pending and the readers have read
+        as much, the source is read to the end and the run is in its tail (:attr:`Controller.tail`)."""
         self.retries: Dict[Tuple[int, int], int] = {}
         """Checksum failures per ``(file, offset)`` chunk."""
         self.sweeps: Dict[int, int] = {}
@@ -609,6 +612,7 @@ class _Transfer:
             self._engine_events()
             st = self.engine.stats()
             written = self._watch(st, now)
+            ctrl.tail = not self.pending and st.read.bytes >= self.bytes_queued
             ctrl.tick(st, self.receiver_stats, now)
             self._report(ctrl, written)
             time.sleep(self._pause(now))
@@ -737,6 +741,7 @@ class _Transfer:
                     self._source_failed(fid, errors.SOURCE_CHANGED, f"{f.path}: {e}")
                     continue
                 self.active[fid] = time.monotonic()
+                self.bytes_queued += sum(int(r[1]) for r in ranges)
             else:
                 self.summary.files_failed += 1
 

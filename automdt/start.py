@@ -5,7 +5,8 @@ records the result as ``start`` with its ``source``:
 
 1. ``threads``: ``--threads R,N,W`` given together with an adaptive ``--policy`` (the user said so);
 2. ``history``: the last run of the same job (same SRC and DEST: the job lock's key) settled at a
-   triple; start there (:mod:`automdt.history`; off with ``--no-history``);
+   triple; start there, a stage raised where that run's throughput and per-thread rates say it
+   was short (:func:`automdt.history.start_threads`) (:mod:`automdt.history`; off with ``--no-history``);
 3. ``profile``: a PPO policy trained on one profile (``automdt train --profile P``) starts at
    that profile's optimum, the simulator's oracle triple (stored in the policy's metadata);
 4. ``cold``: a general PPO policy starts at the triple chosen for it in the simulator for short
@@ -75,9 +76,9 @@ def choose_start(policy: Any, max_threads: int, *, explicit: Optional[Triple] = 
     if not takes_start(policy):
         return None
     if history is not None:
-        from automdt.history import summary
+        from automdt.history import start_threads, summary
 
-        return Start(clamp_triple(history.settled, limit), "history", {"history": summary(history)})
+        return Start(clamp_triple(start_threads(history), limit), "history", {"history": summary(history)})
     source = getattr(policy, "start_source", "policy")
     own = getattr(policy, "start_threads", (1, 1, 1))
     return Start(clamp_triple(own, limit), source if source in SOURCES else "policy")

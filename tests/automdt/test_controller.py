@@ -154,7 +154,7 @@ class _PPOish(Recorder):
 
 
 def test_a_policy_that_takes_a_start_gets_two_half_intervals_first_then_steady_ones(monkeypatch):
-    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "0.5,0.5")  # off by default (controller.EARLY_INTERVALS)
+    monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)  # the default (controller.EARLY_INTERVALS)
     pol, applied, log = _PPOish(), [], io.StringIO()
     c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, log_file=log)
     assert c.early_intervals == (0.5, 0.5)
@@ -171,10 +171,12 @@ def test_a_policy_that_takes_a_start_gets_two_half_intervals_first_then_steady_o
     assert [json.loads(x)["interval_s"] for x in log.getvalue().splitlines()[1:]] == [0.5, 0.5, 1.0]
 
 
-def test_early_intervals_are_off_by_default_never_for_baselines_and_set_by_the_environment(monkeypatch):
+def test_early_intervals_are_on_by_default_never_for_baselines_and_set_by_the_environment(monkeypatch):
     monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)
     assert Controller(Recorder(), lambda t: None, interval_s=2.0).early_intervals == ()  # Marlin & co.
-    assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == ()  # off by default
+    assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == (1.0, 1.0)  # two halves
+    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "0")
+    assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == ()
     monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "0.5,0.5")
     assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == (1.0, 1.0)
     assert Controller(Recorder(), lambda t: None, interval_s=2.0).early_intervals == ()  # never for baselines
@@ -190,3 +192,57 @@ def test_early_intervals_are_off_by_default_never_for_baselines_and_set_by_the_e
         assert "AUTOMDT_EARLY_INTERVALS" in str(e)
     else:
         raise AssertionError("a malformed AUTOMDT_EARLY_INTERVALS was accepted")
+
+
+def test_the_tail_holds_the_counts_and_is_marked():
+    """Once the sender says the source is read to the end (``tail``), the policy is not asked: the
+    counts hold while the buffers drain, and the records say ``"tail": true``."""
+    pol, applied, log = Recorder(), [], io.StringIO()
+    c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, log_file=log)
+    c.start()
+    c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
+    c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20), now=11.0)
+    assert len(pol.seen) == 1 and c.threads == (3, 3, 4)
+    c.tail = True
+    rec = c.tick(_stats(2.0, 2 << 20, 0, 0, threads=(3, 3)), _rx(2 << 20), now=12.0)
+    assert len(pol.seen) == 1, "the policy was asked in the tail"
+    assert rec.next_threads == (3, 3, 4) and applied[-1] == (3, 3, 4) and len(applied) == 2
+    assert json.loads(log.getvalue().splitlines()[-1])["tail"] is True
+    assert "tail" not in json.loads(log.getvalue().splitlines()[-2])
+
+
+def test_a_warm_start_holds_until_the_pipeline_delivers_a_cold_one_does_not(monkeypatch):
+    """A history start is what the path needs: the first second, while the pipeline
+    fills, and any interval before the receiver wrote something do not move it (the policy still
+    sees them). A cold or profile start acts at once."""
+    from automdt.start import Start
+
+    monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)
+    for source, held in (("history", True), ("profile", False), ("cold", False)):
+        pol, applied = _PPOish(), []
+        c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, start=Start((2, 3, 4), source))
+        c.start()
+        c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
+        rec = c.tick(_stats(0.5, 1 << 20, 0, 0, threads=(2, 3)), _rx(0), now=10.5)  # read, nothing written
+        assert len(pol.seen) == 1
+        assert rec.next_threads == ((2, 3, 4) if held else (3, 3, 4)), source
+        rec = c.tick(_stats(1.0, 2 << 20, 0, 0, threads=(2, 3)), _rx(1 << 20), now=11.0)  # delivered, 1 s: it acts
+        assert rec.next_threads == (3, 3, 4), source
+
+
+def test_what_the_policy_says_of_its_choice_goes_to_the_log():
+    """A policy's ``annotation`` (PPO: what its floor did) is added to the interval's record."""
+
+    class Noting(Recorder):
+        def act(self, obs):
+            self.annotation = {"guard": "raise"} if len(self.seen) == 1 else {}
+            return super().act(obs)
+
+    pol, log = Noting(), io.StringIO()
+    c = Controller(pol, lambda t: None, interval_s=1.0, max_threads=8, log_file=log)
+    c.start()
+    c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
+    c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20), now=11.0)
+    c.tick(_stats(2.0, 2 << 20, 0, 0), _rx(2 << 20), now=12.0)
+    lines = [json.loads(x) for x in log.getvalue().splitlines()[1:]]
+    assert lines[0].get("guard") is None and lines[1]["guard"] == "raise"

@@ -92,6 +92,20 @@ def test_record_from_intervals():
     assert history.record_from_intervals(ramp[:1]).settled == (1, 1, 1)
     assert history.record_from_intervals([]) is None
     assert history.record_from_intervals(ramp, previous=_rec(runs=7)).runs == 8
+    # the next run starts at the settled triple, a stage raised to the threads that carry the
+    # run's throughput at its rate per busy thread (7 readers of 10 MB/s each cannot carry 78),
+    # and one thread over that on the bottleneck for the pipeline's first second
+    short = history.JobRecord(settled=(7, 2, 2), rates_bps=(1e7, 4e7, 4e7), throughput_bps=7.8e7, intervals=9)
+    assert history.start_threads(short) == (9, 2, 2)
+    ample = history.JobRecord(settled=(9, 5, 3), rates_bps=(1e7, 4e7, 4e7), throughput_bps=8.0e7, intervals=9)
+    assert history.start_threads(ample) == (9, 5, 3)  # the bottleneck had its thread over already
+    assert history.start_threads(_rec()) == (7, 3, 2)  # 6e7 / 1e7: all 6 readers used, the first of the busiest
+    # the tail (source read, buffers draining: "tail": true) is left out, however long it is
+    tail = [dict(iv((8, 3, 2), 2e7, busy=(0.0, 0.5, 0.5)), tail=True)] * 8
+    probe = [dict(iv((10, 4, 2), 8e7, busy=(10.0, 2.0, 0.5)), guard="trial:probe")] * 7  # the floor's probe on trial
+    rec = history.record_from_intervals(ramp + steady + probe + tail)
+    assert rec.settled == (8, 3, 2) and rec.throughput_bps == 8e7 and rec.intervals == 24
+    assert rec.rates_bps == (10 * MB / 8.0, 10 * MB / 2.0, 10 * MB / 0.5)
 
 
 # ----------------------------------------------------------------------------- the rules
@@ -122,7 +136,7 @@ def test_start_rules_in_order():
     ppo = _PPOLike((5, 5, 5), "profile")
     assert choose_start(ppo, 32, explicit=(3, 4, 5), history=_rec()) == Start((3, 4, 5), "threads")
     s = choose_start(ppo, 32, history=_rec())
-    assert (s.threads, s.source) == ((6, 3, 2), "history") and s.detail["history"]["settled"] == [6, 3, 2]
+    assert (s.threads, s.source) == ((7, 3, 2), "history") and s.detail["history"]["settled"] == [6, 3, 2]  # start_threads
     assert choose_start(ppo, 32) == Start((5, 5, 5), "profile")
     assert choose_start(_PPOLike((4, 4, 2), "cold"), 32) == Start((4, 4, 2), "cold")
     # baselines keep their own start (None: what their reset returns), history or not
@@ -173,7 +187,8 @@ def test_second_run_starts_where_the_first_settled(slow_job, tmp_path):
     shutil.rmtree(dst)
     second, lines, _ = _run(src, dst, tmp_path / "2.jsonl", *opts, env=env)
     start = lines[0]["start"]
-    assert start["source"] == "history" and list(start["threads"].values()) == list(rec.settled)
+    assert start["source"] == "history" and list(start["threads"].values()) == list(history.start_threads(rec))
+    assert all(a >= b for a, b in zip(history.start_threads(rec), rec.settled))
     assert lines[1]["threads"] == start["threads"]  # the first interval really ran at it
     assert history.load(files[0])[0].runs == 2
 

@@ -322,7 +322,8 @@ def test_training_module_imports_without_torch():
                                                     (3, ("spare_threads", "noise_level")),
                                                     (2, ("debiased_spare", "noise_level"))])
 def test_policy_sees_what_the_training_env_showed(tmp_path, frame_stack, features):
-    """PPOPolicy's encoding (and frame stacking) of live Observations equals the training input."""
+    """PPOPolicy's encoding (and frame stacking) of live Observations equals the training input
+    (without the floor, agents/guard.py, which may raise the network's choice)."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from automdt.agents.ppo import PPOPolicy
@@ -334,7 +335,7 @@ def test_policy_sees_what_the_training_env_showed(tmp_path, frame_stack, feature
 
     rep = tiny_train(tmp_path / "fs.zip", timesteps=512, eval_every=512,
                      config=tiny_config().replace(frame_stack=frame_stack, features=features))
-    pol = PPOPolicy.load(rep.model_path)
+    pol = PPOPolicy.load(rep.model_path, guard=False)
     assert pol.frame_stack == frame_stack and pol.features == features
     inner = DummyVecEnv([lambda: BufferSimEnv(Profile.default(), random_start=False, episode_steps=25)])
     venv = PolicyInputVecEnv(inner, features, 32, frame_stack) if features or frame_stack > 1 else inner

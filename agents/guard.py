@@ -1,0 +1,236 @@
+"""A floor under a learned policy: it does not sit below the rate it already reached while the stage
+that limits the transfer could add threads, and it does not rest at a balanced point short of
+what more threads on every busy stage would carry.
+
+The shipped PPO policy settles well on most paths, but on the engine it sometimes comes to rest
+below capacity: on issue 10's read-bound path (10 MB/s per reader, 80 MB/s achievable) it held
+6 readers at 58 MB/s for 15 intervals after reaching 83 MB/s, its readers 100% busy and the
+network and write threads waiting for data. Nothing in that state is ambiguous, so a small rule
+catches it rather than another training round: a :class:`FloorGuard` watches the delivered rate
+(the write stage's throughput) against the best the transfer held for two intervals in a row,
+and when it stays below
+:data:`SHORTFALL` of it for :data:`PATIENCE` intervals in a row (or falls below :data:`SEVERE` of
+it in one) it raises every *limiting* stage
+(busy at least :data:`BUSY` of its thread-seconds) to the threads that carry the best rate at
+that stage's measured rate per busy thread. It only ever raises counts; the policy's choices
+stand otherwise.
+
+The best rate can be one the path no longer gives (a buffer that drained faster than the source
+refills it, a path that slowed down, a total limit that more threads cannot lift). So every raise
+is checked: if the next :data:`JUDGE` intervals do not deliver, on average, at least :data:`PAY`
+of the expected gain, the best rate is taken down to what the path delivers and the raise is undone
+(the raised stages go back to their counts before it, the floors are dropped): the guard does
+not leave threads on a path that cannot use them. A floor that paid
+stays under the policy's choices (the policy that settled too low would otherwise go back) until
+the stage shows spare threads (utilization below :data:`SPARE` for :data:`PATIENCE` intervals).
+
+A policy can also come to rest where every stage carries the same rate, each one busy: in the
+simulator the shipped policy held (11, 2, 13) at 0.69 of the oracle's utility on a held-out
+random profile, and 9-10 connections where 13 do on the held-out network-bound path. No rate
+fell, so the floor above never acts; after :data:`PROBE_AFTER` steady intervals with at least
+:data:`PROBE_STAGES` stages busy, the guard *probes*: :data:`PROBE_SHARE` more threads on each
+busy stage, judged like a raise (kept if it brings :data:`PAY` of the expected gain, undone
+otherwise, and a stage whose probe did not pay is not probed again in the transfer).
+
+The guard reads only the :class:`~automdt.policy_contract.Observation` (throughputs, threads,
+busy thread-seconds), which the simulator and the live engine both produce, so ``simulate`` and
+``transfer`` run the same rule. Observations without busy thread-seconds pass unchanged.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, List, Optional, Tuple
+
+from automdt.simulator.types import Observation, Triple
+
+SHORTFALL = 0.9
+"""An interval delivering less than this share of the best rate so far is short (the issue's
+90% of the achievable rate)."""
+PATIENCE = 2
+"""Short intervals in a row before the guard raises a stage (one can be a thread change settling,
+or noise: a 4 MiB chunk more or less is 5% of an interval at 80 MB/s)."""
+SEVERE = 0.75
+"""An interval below this share of the best rate is a fall, not noise: the guard acts at once."""
+BUSY = 0.9
+"""Share of a stage's thread-seconds spent busy from which it counts as limiting."""
+SPARE = 0.6
+"""Below this utilization a stage has threads to spare: its floor is released after
+:data:`PATIENCE` such intervals."""
+MIN_BUSY_S = 0.25
+"""Busy thread-seconds a stage needs in an interval before its per-thread rate is trusted."""
+JUDGE = 2
+"""Intervals after a raise in which it must pay."""
+PAY = 0.5
+"""Share of the expected gain a raise must bring within :data:`JUDGE` intervals."""
+STEADY = 0.95
+"""Intervals at or above this share of the best rate are steady."""
+PROBE_AFTER = 3
+"""Steady intervals in a row before the guard probes the limiting stage with more threads."""
+PROBE_STAGES = 2
+"""Stages that must be busy before a probe: a path where one stage limits and the others wait
+is what the policy was trained to settle; several busy stages at once is where it came to rest
+short (a balanced point, each stage carrying the same rate)."""
+PROBE_SHARE = 0.25
+"""A probe adds this share of the stage's threads (at least one)."""
+
+
+class FloorGuard:
+    """Raise the limiting stages when the delivered rate stays below what the transfer reached.
+
+    :param max_threads: upper bound of every stage.
+    """
+
+    def __init__(self, max_threads: int = 32) -> None:
+        self.max_threads = int(max_threads)
+        self.reset(max_threads)
+
+    def reset(self, max_threads: Optional[int] = None) -> None:
+        """Start a new transfer."""
+        if max_threads is not None:
+            self.max_threads = int(max_threads)
+        self.best = 0.0
+        """The best delivered rate (bytes/s) the transfer held for two intervals in a row (a single
+        interval can be a buffer draining) and the path still gives."""
+        self.last: Optional[float] = None
+        self.short = 0
+        self.short_sum = 0.0
+        self.judged: List[float] = []
+        self.floors: List[int] = [0, 0, 0]
+        self.spare = [0, 0, 0]
+        self._judging: Optional[Tuple[int, float, float, Tuple[int, int, int], Tuple[int, int, int]]] = None
+        """(intervals left, rate before the raise, the rate it should give, floors before it, the
+        counts to go back to if it does not pay (0: a stage it did not raise))."""
+        self.raises = 0
+        """Raises so far (for logs and tests)."""
+        self.note: Optional[str] = None
+        """What the last call did, for the interval log (``guard``): ``"raise"`` or ``"probe"``
+        (decided now), ``"trial:raise"``/``"trial:probe"`` (the interval that ended ran one, being
+        judged), with ``",undo"`` when it did not pay; None: nothing."""
+        self.steady = 0
+        self.probe_blocked = [False, False, False]
+        """Stages a probe did not pay for: not probed again in this transfer."""
+        self._probing: Optional[Tuple[int, ...]] = None
+        self.probes = 0
+        """Probes so far (for logs and tests)."""
+
+    def __call__(self, obs: Observation, proposed: Triple) -> Triple:
+        """The counts to run next: ``proposed`` (the policy's choice), raised where the guard acts
+        (or, when its last raise did not pay, that raise undone)."""
+        self.note = None
+        if obs.busy_s is None:
+            return proposed
+        delivered = float(obs.throughput_bps[2])
+        last, self.last = self.last, delivered
+        self._release_spare(obs)
+        if self._judging is not None:
+            kind = "probe" if self._probing else "raise"
+            verdict = self._judge(delivered)
+            self.note = f"trial:{kind}"  # the interval that ended ran the raise or probe
+            if verdict == "judging":
+                return self._floored(proposed)
+            if verdict is not None:  # did not pay: back to the counts before the raise
+                for i in self._probing or ():
+                    self.probe_blocked[i] = True
+                self._probing = None
+                self.note = f"trial:{kind},undo"
+                return tuple(min(p, u) if u else p for p, u in zip(proposed, verdict))  # type: ignore[return-value]
+            self._probing = None
+        if last is not None:
+            self.best = max(self.best, min(last, delivered))
+        if delivered >= SHORTFALL * self.best:
+            self.short, self.short_sum = 0, 0.0
+            self.steady = self.steady + 1 if delivered >= STEADY * self.best else 0
+            if self.steady >= PROBE_AFTER:
+                self._probe(obs, proposed, delivered)
+            return self._floored(proposed)
+        self.steady = 0
+        self.short += 1
+        self.short_sum += delivered
+        if self.short < PATIENCE and delivered >= SEVERE * self.best:
+            return self._floored(proposed)
+        before = list(self.floors)
+        undo = [0, 0, 0]
+        for s in range(3):
+            need = self._need(obs, s)
+            if need > max(proposed[s], self.floors[s]):
+                self.floors[s] = need
+                undo[s] = max(int(obs.threads[s]), int(proposed[s]))
+        if any(undo):
+            self.raises += 1
+            self._judging = (JUDGE, self.short_sum / self.short, self.best, (before[0], before[1], before[2]),
+                             (undo[0], undo[1], undo[2]))
+            self.note = "raise"
+            self.short, self.short_sum, self.judged = 0, 0.0, []
+        return self._floored(proposed)
+
+    def _probe(self, obs: Observation, proposed: Triple, delivered: float) -> None:
+        """Steady: try :data:`PROBE_SHARE` more threads on every stage that limits (busy at least
+        :data:`BUSY`; on a balanced path all three); kept if the rate rises by :data:`PAY` of the
+        expected gain, undone otherwise (and those stages are not probed again). Finds the threads
+        a policy that settled short never tried; a stage held by a total limit costs one probe."""
+        assert obs.busy_s is not None
+        self.steady = 0
+        before = list(self.floors)
+        undo = [0, 0, 0]
+        ratio = float("inf")
+        util = [float(obs.busy_s[i]) / (int(obs.threads[i]) * float(obs.interval_s)) if obs.threads[i] else 0.0
+                for i in range(3)]
+        if sum(u >= BUSY for u in util) < PROBE_STAGES:
+            return
+        for s in range(3):
+            n = max(int(obs.threads[s]), int(proposed[s]), self.floors[s])
+            if self.probe_blocked[s] or util[s] < BUSY or n >= self.max_threads:
+                continue
+            m = min(self.max_threads, n + max(1, math.ceil(PROBE_SHARE * n)))
+            undo[s], self.floors[s] = n, m
+            ratio = min(ratio, m / n)
+        if not any(undo):
+            return
+        self.probes += 1
+        self._probing = tuple(i for i in range(3) if undo[i])
+        self.note = "probe" if self.note is None else f"{self.note},probe"
+        self._judging = (JUDGE, delivered, delivered * ratio, (before[0], before[1], before[2]),
+                         (undo[0], undo[1], undo[2]))
+        self.judged = []
+
+    def _need(self, obs: Observation, s: int) -> int:
+        """Threads stage ``s`` needs to carry the best rate, if it limits the transfer; else 0."""
+        assert obs.busy_s is not None
+        n, busy, dt = int(obs.threads[s]), float(obs.busy_s[s]), float(obs.interval_s)
+        if n <= 0 or dt <= 0 or busy < MIN_BUSY_S or busy < BUSY * n * dt:
+            return 0
+        per_thread = float(obs.throughput_bps[s]) * dt / busy
+        if per_thread <= 0:
+            return 0
+        return min(self.max_threads, math.ceil(self.best / per_thread))
+
+    def _judge(self, delivered: float) -> Any:
+        """Weigh the last raise with this interval's rate: ``"judging"`` until :data:`JUDGE`
+        intervals ran with it, then None if their mean rate brought :data:`PAY` of the expected
+        gain (its floors stay), else the counts to go back to (0: a stage it did not raise)."""
+        assert self._judging is not None
+        left, before, expected, floors, undo = self._judging
+        self.judged.append(delivered)
+        if len(self.judged) < left:
+            return "judging"
+        self._judging = None
+        got = sum(self.judged) / len(self.judged)
+        if got >= before + PAY * (expected - before):
+            return None
+        # it did not pay: the best rate is not there to reach; forget it and undo the raise
+        self.best = max(got, before)
+        self.floors = list(floors)
+        return undo
+
+    def _release_spare(self, obs: Observation) -> None:
+        assert obs.busy_s is not None
+        for s in range(3):
+            n, dt = int(obs.threads[s]), float(obs.interval_s)
+            util = float(obs.busy_s[s]) / (n * dt) if n > 0 and dt > 0 else 0.0
+            self.spare[s] = self.spare[s] + 1 if util < SPARE else 0
+            if self.spare[s] >= PATIENCE:
+                self.floors[s] = 0
+
+    def _floored(self, proposed: Triple) -> Triple:
+        r, n, w = (min(self.max_threads, max(int(p), f)) for p, f in zip(proposed, self.floors))
+        return (r, n, w)
