@@ -32,6 +32,10 @@ fell, so the floor above never acts; after :data:`PROBE_AFTER` steady intervals 
 busy stage, judged like a raise (kept if it brings :data:`PAY` of the expected gain, undone
 otherwise, and a stage whose probe did not pay is not probed again in the transfer).
 
+Neither move touches a stage whose rate per busy thread has fallen below :data:`DILUTED` of the
+best it held: a total limit shares the same rate out over more threads (writers under an
+80 MB/s cap at 5 MB/s each where they once did 10), and every such thread looks busy and short.
+
 The guard reads only the :class:`~automdt.policy_contract.Observation` (throughputs, threads,
 busy thread-seconds), which the simulator and the live engine both produce, so ``simulate`` and
 ``transfer`` run the same rule. Observations without busy thread-seconds pass unchanged.
@@ -56,6 +60,9 @@ BUSY = 0.9
 SPARE = 0.6
 """Below this utilization a stage has threads to spare: its floor is released after
 :data:`PATIENCE` such intervals."""
+DILUTED = 0.75
+"""A stage whose rate per busy thread fell below this share of the best it held is shared out by a
+total limit (more threads only split the same rate): the guard neither raises nor probes it."""
 MIN_BUSY_S = 0.25
 """Busy thread-seconds a stage needs in an interval before its per-thread rate is trusted."""
 JUDGE = 2
@@ -107,6 +114,9 @@ class FloorGuard:
         (decided now), ``"trial:raise"``/``"trial:probe"`` (the interval that ended ran one, being
         judged), with ``",undo"`` when it did not pay; None: nothing."""
         self.steady = 0
+        self.rate_ref = [0.0, 0.0, 0.0]
+        """Per stage, the best rate per busy thread (bytes/s) it held for two intervals in a row."""
+        self._last_rates: Optional[List[float]] = None
         self.probe_blocked = [False, False, False]
         """Stages a probe did not pay for: not probed again in this transfer."""
         self._probing: Optional[Tuple[int, ...]] = None
@@ -121,6 +131,7 @@ class FloorGuard:
             return proposed
         delivered = float(obs.throughput_bps[2])
         last, self.last = self.last, delivered
+        self._learn_rates(obs)
         self._release_spare(obs)
         if self._judging is not None:
             kind = "probe" if self._probing else "raise"
@@ -179,7 +190,9 @@ class FloorGuard:
             return
         for s in range(3):
             n = max(int(obs.threads[s]), int(proposed[s]), self.floors[s])
-            if self.probe_blocked[s] or util[s] < BUSY or n >= self.max_threads:
+            busy = float(obs.busy_s[s])
+            per_thread = float(obs.throughput_bps[s]) * float(obs.interval_s) / busy if busy > 0 else 0.0
+            if self.probe_blocked[s] or util[s] < BUSY or n >= self.max_threads or self._diluted(s, per_thread):
                 continue
             m = min(self.max_threads, n + max(1, math.ceil(PROBE_SHARE * n)))
             undo[s], self.floors[s] = n, m
@@ -200,9 +213,22 @@ class FloorGuard:
         if n <= 0 or dt <= 0 or busy < MIN_BUSY_S or busy < BUSY * n * dt:
             return 0
         per_thread = float(obs.throughput_bps[s]) * dt / busy
-        if per_thread <= 0:
+        if per_thread <= 0 or self._diluted(s, per_thread):
             return 0
         return min(self.max_threads, math.ceil(self.best / per_thread))
+
+    def _learn_rates(self, obs: Observation) -> None:
+        assert obs.busy_s is not None
+        rates = [float(obs.throughput_bps[i]) * float(obs.interval_s) / float(obs.busy_s[i])
+                 if float(obs.busy_s[i]) >= MIN_BUSY_S else 0.0 for i in range(3)]
+        if self._last_rates is not None:
+            self.rate_ref = [max(r, min(a, b)) for r, a, b in zip(self.rate_ref, rates, self._last_rates)]
+        self._last_rates = rates
+
+    def _diluted(self, s: int, per_thread: float) -> bool:
+        """Stage ``s`` runs below :data:`DILUTED` of its best rate per busy thread: a total limit
+        shares its rate out, and more threads would not raise it."""
+        return per_thread < DILUTED * self.rate_ref[s]
 
     def _judge(self, delivered: float) -> Any:
         """Weigh the last raise with this interval's rate: ``"judging"`` until :data:`JUDGE`

@@ -207,23 +207,33 @@ def update(path: Path, records: Sequence[Any], *, previous: Optional[JobRecord],
 def start_threads(record: JobRecord) -> Tuple[int, int, int]:
     """Where the job's next run starts: the triple the last run settled at, each stage raised to
     the threads that carry that run's throughput at the stage's measured rate per busy thread
-    (``ceil(throughput / rate - 0.1)``), and the stage that used its threads most (the
-    bottleneck: the highest ``throughput / rate / settled``) given one thread over that.
+    (``ceil(throughput / rate - 0.1)``), and every stage that used at least :data:`FULLY_USED`
+    of its threads given one thread over that.
 
     A run that settled one thread short while a draining buffer hid it (a short job after a probe
     filled the sender buffer: 7 readers at 10 MB/s each where 80 MB/s came through) starts with
     the thread it lacked; a stage that waited for others has a high rate per busy thread and keeps
-    its settled count. The thread over the bottleneck's need is for the run's first second: the
-    pipeline is still filling (on issue 10's warm path, 8 readers of 10 MB/s delivered 69 MB/s
-    between 0.5 and 1.0 s, 9 readers 77-78: 90% of the 80 MB/s within the first interval)."""
-    need = [record.throughput_bps / r if r > 0 else 0.0 for r in record.rates_bps]
-    out = [max(int(s), min(int(record.max_threads), math.ceil(x - 0.1))) if x > 0 else int(s)
-           for s, x in zip(record.settled, need)]
-    used = [x / s if s > 0 else 0.0 for x, s in zip(need, record.settled)]
-    b = max(range(3), key=lambda i: used[i])
-    if need[b] > 0:
-        out[b] = max(out[b], min(int(record.max_threads), math.ceil(need[b] - 0.1) + 1))
+    its settled count. The thread over is for the run's first second, while the pipeline fills
+    (on issue 10's warm path, 8 readers of 10 MB/s delivered 69 MB/s between 0.5 and 1.0 s, 9
+    readers 77-78: 90% of the 80 MB/s within the first interval). It goes to every fully used
+    stage, not only to one: a stage held by a total limit uses all its threads too (each one's
+    rate is the limit shared), and which of two such stages limits cannot be told from rates."""
+    out = []
+    for settled, rate in zip(record.settled, record.rates_bps):
+        if rate <= 0:
+            out.append(int(settled))
+            continue
+        need = record.throughput_bps / rate
+        n = max(int(settled), math.ceil(need - 0.1))
+        if need >= FULLY_USED * settled:
+            n = max(n, math.ceil(need - 0.1) + 1)
+        out.append(min(int(record.max_threads), max(int(settled), n)))
     return (out[0], out[1], out[2])
+
+
+FULLY_USED = 0.9
+"""Share of its settled threads a stage's throughput needs (at its rate per busy thread) from which
+:func:`start_threads` gives it a thread more."""
 
 
 def summary(record: JobRecord) -> Dict[str, Any]:

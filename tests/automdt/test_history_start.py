@@ -94,12 +94,15 @@ def test_record_from_intervals():
     assert history.record_from_intervals(ramp, previous=_rec(runs=7)).runs == 8
     # the next run starts at the settled triple, a stage raised to the threads that carry the
     # run's throughput at its rate per busy thread (7 readers of 10 MB/s each cannot carry 78),
-    # and one thread over that on the bottleneck for the pipeline's first second
+    # and one thread over that on every stage that used (nearly) all its threads
     short = history.JobRecord(settled=(7, 2, 2), rates_bps=(1e7, 4e7, 4e7), throughput_bps=7.8e7, intervals=9)
-    assert history.start_threads(short) == (9, 2, 2)
+    assert history.start_threads(short) == (9, 3, 3)  # 7.8 of 7 readers; 1.95 of 2 network, 2 write threads
+    # a total limit of 80 MB/s on 10 network threads: each one's rate is 8 MB/s, all used
+    capped = history.JobRecord(settled=(8, 10, 2), rates_bps=(1e7, 8e6, 4e7), throughput_bps=8.0e7, intervals=9)
+    assert history.start_threads(capped) == (9, 11, 3)
     ample = history.JobRecord(settled=(9, 5, 3), rates_bps=(1e7, 4e7, 4e7), throughput_bps=8.0e7, intervals=9)
-    assert history.start_threads(ample) == (9, 5, 3)  # the bottleneck had its thread over already
-    assert history.start_threads(_rec()) == (7, 3, 2)  # 6e7 / 1e7: all 6 readers used, the first of the busiest
+    assert history.start_threads(ample) == (9, 5, 3)  # every stage had a thread over already
+    assert history.start_threads(_rec()) == (7, 3, 3)  # readers (6 of 6) and writers (2 of 2) fully used
     # the tail (source read, buffers draining: "tail": true) is left out, however long it is
     tail = [dict(iv((8, 3, 2), 2e7, busy=(0.0, 0.5, 0.5)), tail=True)] * 8
     probe = [dict(iv((10, 4, 2), 8e7, busy=(10.0, 2.0, 0.5)), guard="trial:probe")] * 7  # the floor's probe on trial
@@ -136,7 +139,7 @@ def test_start_rules_in_order():
     ppo = _PPOLike((5, 5, 5), "profile")
     assert choose_start(ppo, 32, explicit=(3, 4, 5), history=_rec()) == Start((3, 4, 5), "threads")
     s = choose_start(ppo, 32, history=_rec())
-    assert (s.threads, s.source) == ((7, 3, 2), "history") and s.detail["history"]["settled"] == [6, 3, 2]  # start_threads
+    assert (s.threads, s.source) == ((7, 3, 3), "history") and s.detail["history"]["settled"] == [6, 3, 2]  # start_threads
     assert choose_start(ppo, 32) == Start((5, 5, 5), "profile")
     assert choose_start(_PPOLike((4, 4, 2), "cold"), 32) == Start((4, 4, 2), "cold")
     # baselines keep their own start (None: what their reset returns), history or not
