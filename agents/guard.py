@@ -81,6 +81,20 @@ PROBE_SHARE = 0.25
 """A probe adds this share of the stage's threads (at least one)."""
 
 
+def _utilization(obs: Observation, s: int) -> float:
+    """Share of stage ``s``'s thread-seconds spent busy in the interval."""
+    assert obs.busy_s is not None
+    n, dt = int(obs.threads[s]), float(obs.interval_s)
+    return float(obs.busy_s[s]) / (n * dt) if n > 0 and dt > 0 else 0.0
+
+
+def _per_thread(obs: Observation, s: int) -> float:
+    """Stage ``s``'s rate per busy thread (bytes/s); 0 when it was busy too little to trust."""
+    assert obs.busy_s is not None
+    busy = float(obs.busy_s[s])
+    return float(obs.throughput_bps[s]) * float(obs.interval_s) / busy if busy >= MIN_BUSY_S else 0.0
+
+
 class FloorGuard:
     """Raise the limiting stages when the delivered rate stays below what the transfer reached.
 
@@ -184,15 +198,13 @@ class FloorGuard:
         before = list(self.floors)
         undo = [0, 0, 0]
         ratio = float("inf")
-        util = [float(obs.busy_s[i]) / (int(obs.threads[i]) * float(obs.interval_s)) if obs.threads[i] else 0.0
-                for i in range(3)]
+        util = [_utilization(obs, i) for i in range(3)]
         if sum(u >= BUSY for u in util) < PROBE_STAGES:
             return
         for s in range(3):
             n = max(int(obs.threads[s]), int(proposed[s]), self.floors[s])
-            busy = float(obs.busy_s[s])
-            per_thread = float(obs.throughput_bps[s]) * float(obs.interval_s) / busy if busy > 0 else 0.0
-            if self.probe_blocked[s] or util[s] < BUSY or n >= self.max_threads or self._diluted(s, per_thread):
+            if (self.probe_blocked[s] or util[s] < BUSY or n >= self.max_threads
+                    or self._diluted(s, _per_thread(obs, s))):
                 continue
             m = min(self.max_threads, n + max(1, math.ceil(PROBE_SHARE * n)))
             undo[s], self.floors[s] = n, m
@@ -208,19 +220,13 @@ class FloorGuard:
 
     def _need(self, obs: Observation, s: int) -> int:
         """Threads stage ``s`` needs to carry the best rate, if it limits the transfer; else 0."""
-        assert obs.busy_s is not None
-        n, busy, dt = int(obs.threads[s]), float(obs.busy_s[s]), float(obs.interval_s)
-        if n <= 0 or dt <= 0 or busy < MIN_BUSY_S or busy < BUSY * n * dt:
-            return 0
-        per_thread = float(obs.throughput_bps[s]) * dt / busy
-        if per_thread <= 0 or self._diluted(s, per_thread):
+        per_thread = _per_thread(obs, s)
+        if _utilization(obs, s) < BUSY or per_thread <= 0 or self._diluted(s, per_thread):
             return 0
         return min(self.max_threads, math.ceil(self.best / per_thread))
 
     def _learn_rates(self, obs: Observation) -> None:
-        assert obs.busy_s is not None
-        rates = [float(obs.throughput_bps[i]) * float(obs.interval_s) / float(obs.busy_s[i])
-                 if float(obs.busy_s[i]) >= MIN_BUSY_S else 0.0 for i in range(3)]
+        rates = [_per_thread(obs, i) for i in range(3)]
         if self._last_rates is not None:
             self.rate_ref = [max(r, min(a, b)) for r, a, b in zip(self.rate_ref, rates, self._last_rates)]
         self._last_rates = rates
@@ -249,11 +255,8 @@ class FloorGuard:
         return undo
 
     def _release_spare(self, obs: Observation) -> None:
-        assert obs.busy_s is not None
         for s in range(3):
-            n, dt = int(obs.threads[s]), float(obs.interval_s)
-            util = float(obs.busy_s[s]) / (n * dt) if n > 0 and dt > 0 else 0.0
-            self.spare[s] = self.spare[s] + 1 if util < SPARE else 0
+            self.spare[s] = self.spare[s] + 1 if _utilization(obs, s) < SPARE else 0
             if self.spare[s] >= PATIENCE:
                 self.floors[s] = 0
 
