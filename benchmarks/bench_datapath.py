@@ -483,6 +483,8 @@ def _loopback_receiver(ctx: Ctx, root: str, extra: Sequence[str] = (), env: Opti
 
 ENC_PAIRS = [("local, default command", "plain local (default command)", "--encrypt local (default command)"),
              ("local, --threads 4,4,4", "plain local --threads 4,4,4", "--encrypt local --threads 4,4,4"),
+             ("local, 4,4,4, as before 2026-11-24 (TLS over loopback TCP in the process)",
+              "plain local --threads 4,4,4", "--encrypt local --threads 4,4,4, AUTOMDT_LOCAL_LINK=0"),
              ("loopback TCP, default command", "plain loopback TCP (default command)",
               "--encrypt loopback TCP (default command)"),
              ("loopback TCP, --threads 4,4,4", "plain loopback TCP --threads 4,4,4",
@@ -496,7 +498,8 @@ def section_encrypt(ctx: Ctx) -> Dict[str, Any]:
     the in-process local link, nothing leaves the process, nothing is encrypted) and a receiving
     daemon on 127.0.0.1 (`automdt receive [--encrypt]`, `automdt transfer SRC 127.0.0.1:PORT/x`:
     TLS 1.3 over loopback TCP against plain loopback TCP, the CPU-bound case; CPU counts both
-    processes). The last row runs the TLS path as it was before its socket calls were batched."""
+    processes). Two rows run paths as they were before 2026-11-24: a local --encrypt over TLS on
+    loopback TCP (AUTOMDT_LOCAL_LINK=0), and TLS with one socket call per record (AUTOMDT_TLS_BATCH=0)."""
     ds = ctx.dataset("large")
     dest = os.path.join(ctx.scratch, "enc-dst")
     roots = {k: fresh_dir(os.path.join(ctx.scratch, f"enc-rx-{k}")) for k in ("plain", "tls", "tls0")}
@@ -506,9 +509,9 @@ def section_encrypt(ctx: Ctx) -> Dict[str, Any]:
         rx["tls"] = _loopback_receiver(ctx, roots["tls"], ["--encrypt"])
         rx["tls0"] = _loopback_receiver(ctx, roots["tls0"], ["--encrypt"], env={"AUTOMDT_TLS_BATCH": "0"})
 
-        def local(args: Sequence[str]) -> Sample:
+        def local(args: Sequence[str], prefix: Sequence[str] = ()) -> Sample:
             with destination(dest, ds):
-                return ours(ctx, ds, dest, list(args), verify=dest)
+                return ours(ctx, ds, dest, list(args), prefix=prefix, verify=dest)
 
         def tcp(which: str, args: Sequence[str]) -> Sample:
             p, port = rx[which]
@@ -525,6 +528,7 @@ def section_encrypt(ctx: Ctx) -> Dict[str, Any]:
             ("--encrypt local (default command)", lambda: local(["--encrypt"])),
             ("plain local --threads 4,4,4", lambda: local(t4)),
             ("--encrypt local --threads 4,4,4", lambda: local(t4 + ["--encrypt"])),
+            ("--encrypt local --threads 4,4,4, AUTOMDT_LOCAL_LINK=0", lambda: local(t4 + ["--encrypt"], NO_LINK)),
             ("plain loopback TCP (default command)", lambda: tcp("plain", [])),
             ("--encrypt loopback TCP (default command)", lambda: tcp("tls", [])),
             ("plain loopback TCP --threads 4,4,4", lambda: tcp("plain", t4)),
