@@ -57,7 +57,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="file holding the shared secret; both ends must prove it (keep it mode 600)")
     p.add_argument("--encrypt", action="store_true",
                    help="encrypt the control channel (ZeroMQ CURVE) and the data connections (TLS 1.3); "
-                        "needs --secret-file and a receiver started with --encrypt")
+                        "needs --secret-file and a receiver started with --encrypt; a local destination (a "
+                        "directory) needs neither: its chunks never leave the process, nothing is encrypted")
     p.add_argument("--max-threads", type=A.integer(1, MAX_THREADS_LIMIT), default=32, metavar="N",
                    help=f"upper bound of each stage's threads, 1..{MAX_THREADS_LIMIT} (default 32)")
     p.add_argument("--interval", type=A.seconds(0.1, lo_open=False, hi=3600), default=1.0, metavar="SECONDS",
@@ -371,13 +372,21 @@ def _transfer_options(args):
     _check_memory(opts.memory)
     if max(opts.threads) > opts.max_threads:
         raise AutomdtError(f"--threads {args.threads} above --max-threads {opts.max_threads}", errors.USAGE)
-    if opts.encrypt and not args.secret_file:
-        raise AutomdtError("--encrypt needs --secret-file (the keys derive from the shared secret)", errors.USAGE)
+    _check_encrypt_secret(args)
     if args.secret_file:
         opts.secret = read_secret(args.secret_file)
     if args.log:
         A.check_append_file(args.log, "--log")
     return opts
+
+
+def _check_encrypt_secret(args) -> None:
+    """``--encrypt`` to a receiver needs ``--secret-file``; a local destination does not (its
+    chunks never leave the process: the local link, nothing to encrypt)."""
+    from automdt.sender import parse_dest
+
+    if args.encrypt and not args.secret_file and parse_dest(args.dest)[0] is not None:
+        raise AutomdtError("--encrypt needs --secret-file (the keys derive from the shared secret)", errors.USAGE)
 
 
 def _with_history(args, run_transfer):
@@ -563,8 +572,7 @@ def cmd_verify(args) -> int:
                                encrypt=args.encrypt, timeout_s=args.timeout)
     except ValueError as e:
         raise AutomdtError(str(e), errors.USAGE) from None
-    if args.encrypt and not args.secret_file:
-        raise AutomdtError("--encrypt needs --secret-file (the keys derive from the shared secret)", errors.USAGE)
+    _check_encrypt_secret(args)
     if args.secret_file:
         opts.secret = read_secret(args.secret_file)
     summary = run_transfer(args.src, args.dest, opts)

@@ -14,7 +14,7 @@ import re
 import socket
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import zmq
@@ -123,9 +123,10 @@ class TransferOptions:
     """Test hook: maps the receiver's announced data endpoint (e.g. to a fault-injecting proxy)."""
     local_link: bool = True
     """A local destination: the sender engine hands each chunk's buffer to the in-process receiver
-    (the local link; no socket, no copy between the ends). Off (False, or the environment variable
-    ``AUTOMDT_LOCAL_LINK=0``), with ``encrypt`` or with ``data_endpoint_hook``: loopback TCP, as to
-    a remote receiver."""
+    (the local link; no socket, no copy between the ends). With the link, ``encrypt`` is dropped
+    (nothing leaves the process; the summary says ``"encrypted": false``). Off (False, or the
+    environment variable ``AUTOMDT_LOCAL_LINK=0``) or with ``data_endpoint_hook``: loopback TCP, as
+    to a remote receiver (TLS with ``encrypt``)."""
     throttle_schedule: Any = None
     """A :class:`automdt.throttle.ThrottleSchedule` (``--throttle @FILE``): limits that change during
     the run; replaces ``throttle``. Read and network limits apply on this engine, write limits are
@@ -246,8 +247,6 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
     """
     t0 = time.monotonic()
     if opts.throttle_schedule is not None and opts.schedule_t0 is None:
-        from dataclasses import replace
-
         opts = replace(opts, schedule_t0=t0)  # retries continue the same schedule
     moved = resent = 0
     attempt = 0
@@ -278,6 +277,12 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
     return summary
 
 
+def local_link_on(opts: TransferOptions) -> bool:
+    """A local destination takes the local link (unless turned off, or a test hook maps the data
+    endpoint); then ``--encrypt`` is dropped, as nothing leaves the process."""
+    return opts.local_link and opts.data_endpoint_hook is None and os.environ.get("AUTOMDT_LOCAL_LINK") != "0"
+
+
 def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
     t_start = time.monotonic()
     manifest = scan(src)
@@ -304,6 +309,11 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
             os.makedirs(where, exist_ok=True)
         except OSError as e:
             raise AutomdtError(f"{where}: cannot create destination: {e.strerror}", errors.DIR_NOT_FOUND) from None
+        if opts.encrypt and local_link_on(opts):
+            # Nothing leaves the process (rsync's local copy does not go through ssh either):
+            # the local link, unencrypted, and the summary says so ("link": "local", "encrypted": false).
+            log.debug("local destination: the local link carries the chunks; --encrypt has nothing to protect")
+            opts = replace(opts, encrypt=False)
         secret = os.urandom(32)
         server = ReceiverServer(where, "127.0.0.1", 0, secret=secret, max_threads=max(64, opts.max_threads),
                                 max_memory=max(opts.memory, LOCAL_MIN_MEMORY), encrypt=opts.encrypt).start()
@@ -638,8 +648,7 @@ class _Transfer:
         connect over TCP (a remote destination, ``--encrypt``, a test's endpoint hook, or the link
         turned off)."""
         srv = self.local_server
-        if (srv is None or not self.o.local_link or self.o.encrypt or self.o.data_endpoint_hook is not None
-                or os.environ.get("AUTOMDT_LOCAL_LINK") == "0"):
+        if srv is None or self.o.encrypt or not local_link_on(self.o):
             return None
         for session in list(srv.sessions.values()):  # the server thread owns the dict: a snapshot
             if session.token == self.token and session.engine is not None:

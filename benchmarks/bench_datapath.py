@@ -13,7 +13,10 @@ Sections (``--only NAME[,NAME]``), each run interleaved with its peers (ours, pe
   link     the same veth limited by tc (tbf, or --qdisc htb) to 5 Gbit/s: automdt --threads
            2,N,2 and the default command against `iperf3 -P N` (N = 2, 4), plain and
            --encrypt. Targets: >= 0.95x iperf3, encrypted >= 0.95x plain.
-  encrypt  loopback (local mode): --encrypt against plain, speed and CPU. Target: >= 0.8x.
+  encrypt  --encrypt against plain, speed and CPU: a local destination (both take the local link,
+           nothing is encrypted) and a receiving daemon on 127.0.0.1 (TLS over loopback TCP against
+           plain loopback TCP; and TLS with AUTOMDT_TLS_BATCH=0, one socket call per record, as
+           before 2026-11-24). Target: >= 0.8x.
 
 Every run's figures: wall time of the whole command (start-up included), Gbit/s, and CPU
 seconds per GB of both ends together: the local command's own rusage (both ends are in it),
@@ -466,31 +469,81 @@ def section_link(ctx: Ctx) -> Dict[str, Any]:
     return out
 
 
+def _loopback_receiver(ctx: Ctx, root: str, extra: Sequence[str] = (), env: Optional[Dict[str, str]] = None
+                       ) -> Tuple[subprocess.Popen, int]:
+    """`automdt receive` on 127.0.0.1 (a free port), its log in the scratch directory."""
+    port = free_port()
+    log = open(os.path.join(ctx.scratch, f"receiver-{port}.log"), "wb")
+    p = PROCS.start(ctx.automdt + ["receive", "--listen", f"127.0.0.1:{port}", "--root", root, "--secret-file",
+                                   ctx.secret, "--idle-timeout", "300"] + list(extra),
+                    stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})))
+    wait_port("127.0.0.1", port, 30, p)
+    return p, port
+
+
+ENC_PAIRS = [("local, default command", "plain local (default command)", "--encrypt local (default command)"),
+             ("local, --threads 4,4,4", "plain local --threads 4,4,4", "--encrypt local --threads 4,4,4"),
+             ("local, 4,4,4, as before 2026-11-24 (TLS over loopback TCP in the process)",
+              "plain local --threads 4,4,4", "--encrypt local --threads 4,4,4, AUTOMDT_LOCAL_LINK=0"),
+             ("loopback TCP, default command", "plain loopback TCP (default command)",
+              "--encrypt loopback TCP (default command)"),
+             ("loopback TCP, --threads 4,4,4", "plain loopback TCP --threads 4,4,4",
+              "--encrypt loopback TCP --threads 4,4,4"),
+             ("loopback TCP, 4,4,4, TLS one record per socket call (AUTOMDT_TLS_BATCH=0)",
+              "plain loopback TCP --threads 4,4,4", "--encrypt loopback TCP --threads 4,4,4, AUTOMDT_TLS_BATCH=0")]
+
+
 def section_encrypt(ctx: Ctx) -> Dict[str, Any]:
+    """--encrypt against plain, two ways: a local destination (`automdt transfer SRC DIR`: both take
+    the in-process local link, nothing leaves the process, nothing is encrypted) and a receiving
+    daemon on 127.0.0.1 (`automdt receive [--encrypt]`, `automdt transfer SRC 127.0.0.1:PORT/x`:
+    TLS 1.3 over loopback TCP against plain loopback TCP, the CPU-bound case; CPU counts both
+    processes). Two rows run paths as they were before 2026-11-24: a local --encrypt over TLS on
+    loopback TCP (AUTOMDT_LOCAL_LINK=0), and TLS with one socket call per record (AUTOMDT_TLS_BATCH=0)."""
     ds = ctx.dataset("large")
     dest = os.path.join(ctx.scratch, "enc-dst")
+    roots = {k: fresh_dir(os.path.join(ctx.scratch, f"enc-rx-{k}")) for k in ("plain", "tls", "tls0")}
+    rx: Dict[str, Tuple[subprocess.Popen, int]] = {}
+    try:
+        rx["plain"] = _loopback_receiver(ctx, roots["plain"])
+        rx["tls"] = _loopback_receiver(ctx, roots["tls"], ["--encrypt"])
+        rx["tls0"] = _loopback_receiver(ctx, roots["tls0"], ["--encrypt"], env={"AUTOMDT_TLS_BATCH": "0"})
 
-    def run(args: Sequence[str], prefix: Sequence[str] = ()) -> Sample:
-        # local --encrypt derives its keys from a shared secret too; plain runs get the same file
-        with destination(dest, ds):
-            return ours(ctx, ds, dest, list(args) + ["--secret-file", ctx.secret], prefix=prefix, verify=dest)
+        def local(args: Sequence[str], prefix: Sequence[str] = ()) -> Sample:
+            with destination(dest, ds):
+                return ours(ctx, ds, dest, list(args), prefix=prefix, verify=dest)
 
-    # Plain local runs take the local link (no socket); --encrypt keeps loopback TCP with TLS, so the
-    # plain loopback-TCP run is beside them: the cost of the encryption alone on the same transport.
-    cont = [("plain --threads 4,4,4", lambda: run(["--threads", "4,4,4"])),
-            ("--encrypt --threads 4,4,4", lambda: run(["--threads", "4,4,4", "--encrypt"])),
-            ("plain (default command)", lambda: run([])),
-            ("--encrypt (default command)", lambda: run(["--encrypt"])),
-            ("plain --threads 4,4,4, loopback TCP", lambda: run(["--threads", "4,4,4"], prefix=NO_LINK))]
-    say(f"  local mode, {ds.label()}, medians of {ctx.args.reps}:")
-    runs = measure(ctx, cont)
+        def tcp(which: str, args: Sequence[str]) -> Sample:
+            p, port = rx[which]
+            root = os.path.join(roots[which], "x")
+            with destination(root, ds):
+                extra = ["--secret-file", ctx.secret] + (["--encrypt"] if which != "plain" else [])
+                prefix = ("env", "AUTOMDT_TLS_BATCH=0") if which == "tls0" else ()
+                return ours(ctx, ds, f"127.0.0.1:{port}/x", list(args) + extra, prefix=prefix, rx_pid=p.pid,
+                            verify=root)
+
+        t4 = ["--threads", "4,4,4"]
+        cont: List[Tuple[str, Callable[[], Sample]]] = [
+            ("plain local (default command)", lambda: local([])),
+            ("--encrypt local (default command)", lambda: local(["--encrypt"])),
+            ("plain local --threads 4,4,4", lambda: local(t4)),
+            ("--encrypt local --threads 4,4,4", lambda: local(t4 + ["--encrypt"])),
+            ("--encrypt local --threads 4,4,4, AUTOMDT_LOCAL_LINK=0", lambda: local(t4 + ["--encrypt"], NO_LINK)),
+            ("plain loopback TCP (default command)", lambda: tcp("plain", [])),
+            ("--encrypt loopback TCP (default command)", lambda: tcp("tls", [])),
+            ("plain loopback TCP --threads 4,4,4", lambda: tcp("plain", t4)),
+            ("--encrypt loopback TCP --threads 4,4,4", lambda: tcp("tls", t4)),
+            ("--encrypt loopback TCP --threads 4,4,4, AUTOMDT_TLS_BATCH=0", lambda: tcp("tls0", t4))]
+        say(f"  {ds.label()}, local destination and a receiving daemon on 127.0.0.1, medians of {ctx.args.reps}:")
+        runs = measure(ctx, cont)
+    finally:
+        for p, _ in rx.values():
+            PROCS.stop(p)
     rows = summarize(ds, runs)
     print_rows(rows)
     out: Dict[str, Any] = {"rows": rows, "samples": runs}
-    pairs = [("--threads 4,4,4", "plain --threads 4,4,4"), ("(default command)", "plain (default command)"),
-             ("--threads 4,4,4 vs plain loopback TCP", "plain --threads 4,4,4, loopback TCP")]
-    for kind, plain in pairs:
-        p, e = rows[plain], rows[f"--encrypt {kind.split(' vs ')[0]}"]
+    for kind, plain, enc in ENC_PAIRS:
+        p, e = rows[plain], rows[enc]
         r_wall, r_in = p["wall_s"] / e["wall_s"], e["inprocess_gbit"] / p["inprocess_gbit"]
         out[kind] = {"ratio_wall": r_wall, "ratio_inprocess": r_in}
         say(f"    {kind}: encrypted {r_wall:.2f}x plain on wall time, {r_in:.2f}x in-process "
@@ -503,7 +556,7 @@ RUNNERS = {"local": section_local, "netns": section_netns, "link": section_link,
 TITLES = {"local": "Local, tmpfs to tmpfs: automdt vs GridFTP on loopback, cp -r as the ceiling (target >= 1.3x GridFTP)",
           "netns": "Two namespaces, unlimited veth: automdt vs GridFTP (target >= 1.3x)",
           "link": "5 Gbit/s veth: automdt vs iperf3 with the same streams (>= 0.95x), --encrypt vs plain (>= 0.95x)",
-          "encrypt": "Loopback: --encrypt vs plain (target >= 0.8x)"}
+          "encrypt": "--encrypt vs plain: local destination, and loopback TCP to a daemon (target >= 0.8x)"}
 
 
 def ensure_peers() -> None:

@@ -2,6 +2,7 @@
 #include "tls.h"
 #include "common.h"
 
+#include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <sys/socket.h>
@@ -16,8 +17,122 @@ static const char amdt_psk_identity[] = "automdt-data-1";
 struct amdt_tls {
     SSL_CTX *ctx;
     int server;
+    int batch; /* sender: records go out through an amdt_wbuf; receiver: read-ahead */
     uint8_t key[AMDT_TLS_KEY_LEN];
 };
+
+/* The sender's write side: OpenSSL writes each record (16 KiB at most) to its BIO as soon as it
+ * is sealed, which on a socket is one send() per record. The sender's links write into this
+ * buffer instead, and amdt_link_send2 hands all records of one SSL_write to the socket in one
+ * send(). The buffer holds one SSL_write's records (flushed before the next SSL_write). */
+#define AMDT_TLS_WBUF (AMDT_TLS_MAX_WRITE + 64 * 1024)
+
+typedef struct amdt_wbuf {
+    int fd;
+    size_t len, sent;
+    ssize_t accepted; /* plaintext bytes of the SSL_write whose records are still in data */
+    uint8_t data[AMDT_TLS_WBUF];
+} amdt_wbuf;
+
+/* Send the buffered records: 1 when all went, 0 with errno (EAGAIN: the socket's send timeout
+ * expired; the rest stays for the next call). */
+static int amdt_wbuf_flush(amdt_wbuf *b)
+{
+    while (b->sent < b->len) {
+        ssize_t n = send(b->fd, b->data + b->sent, b->len - b->sent, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return 0;
+        b->sent += (size_t)n;
+    }
+    b->len = b->sent = 0;
+    return 1;
+}
+
+static int amdt_wbuf_write(BIO *bio, const char *data, int len)
+{
+    amdt_wbuf *b = BIO_get_data(bio);
+    BIO_clear_retry_flags(bio);
+    if (len <= 0)
+        return 0;
+    if ((size_t)len > sizeof(b->data) - b->len) {
+        BIO_set_retry_write(bio); /* (not reached: flushed before each SSL_write) */
+        return -1;
+    }
+    memcpy(b->data + b->len, data, (size_t)len);
+    b->len += (size_t)len;
+    return len;
+}
+
+static long amdt_wbuf_ctrl(BIO *bio, int cmd, long num, void *ptr)
+{
+    (void)num;
+    (void)ptr;
+    amdt_wbuf *b = BIO_get_data(bio);
+    switch (cmd) {
+    case BIO_CTRL_FLUSH: /* the handshake's flights and alerts: a few hundred bytes */
+        for (int tries = 0; tries < 3; tries++) { /* each try waits one send timeout at most */
+            if (amdt_wbuf_flush(b))
+                return 1;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                return 0;
+        }
+        return 0;
+    case BIO_CTRL_WPENDING:
+        return (long)(b->len - b->sent);
+    default:
+        return 0;
+    }
+}
+
+static int amdt_wbuf_destroy(BIO *bio)
+{
+    free(BIO_get_data(bio));
+    BIO_set_data(bio, NULL);
+    return 1;
+}
+
+static BIO_METHOD *amdt_wbuf_method;
+static pthread_once_t amdt_wbuf_once = PTHREAD_ONCE_INIT;
+
+static void amdt_wbuf_method_init(void)
+{
+    BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "automdt-wbuf");
+    if (m != NULL &&
+        (!BIO_meth_set_write(m, amdt_wbuf_write) || !BIO_meth_set_ctrl(m, amdt_wbuf_ctrl) ||
+         !BIO_meth_set_destroy(m, amdt_wbuf_destroy))) {
+        BIO_meth_free(m);
+        m = NULL;
+    }
+    amdt_wbuf_method = m; /* kept for the life of the process */
+}
+
+/* Make the client's SSL write through an amdt_wbuf on fd. 0, or ENOMEM. */
+static int amdt_wbuf_attach(SSL *ssl, int fd)
+{
+    pthread_once(&amdt_wbuf_once, amdt_wbuf_method_init);
+    amdt_wbuf *b = amdt_wbuf_method != NULL ? malloc(sizeof(*b)) : NULL;
+    BIO *bio = b != NULL ? BIO_new(amdt_wbuf_method) : NULL;
+    if (bio == NULL) {
+        free(b);
+        return ENOMEM;
+    }
+    b->fd = fd;
+    b->len = b->sent = 0;
+    b->accepted = 0;
+    BIO_set_data(bio, b);
+    BIO_set_init(bio, 1);
+    SSL_set0_wbio(ssl, bio); /* the socket BIO stays the read side */
+    return 0;
+}
+
+/* The link's write buffer, or NULL (a plain socket BIO: the receiver). */
+static amdt_wbuf *amdt_link_wbuf(const amdt_link *l)
+{
+    BIO *w = SSL_get_wbio(l->ssl);
+    return w != NULL && BIO_method_type(w) != BIO_TYPE_SOCKET ? BIO_get_data(w) : NULL;
+}
 
 static SSL_SESSION *amdt_psk_session(SSL *ssl)
 {
@@ -69,6 +184,9 @@ amdt_tls *amdt_tls_new(int server, const uint8_t *key, char *err, size_t errlen)
         return NULL;
     }
     t->server = server;
+    /* AUTOMDT_TLS_BATCH=0: one socket call per record, as before (for comparisons). */
+    const char *batch = getenv("AUTOMDT_TLS_BATCH");
+    t->batch = !(batch != NULL && strcmp(batch, "0") == 0);
     memcpy(t->key, key, AMDT_TLS_KEY_LEN);
     t->ctx = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
     if (t->ctx == NULL || !SSL_CTX_set_min_proto_version(t->ctx, TLS1_3_VERSION) ||
@@ -86,8 +204,11 @@ amdt_tls *amdt_tls_new(int server, const uint8_t *key, char *err, size_t errlen)
     if (server) {
         SSL_CTX_set_psk_find_session_callback(t->ctx, amdt_psk_find);
         SSL_CTX_set_num_tickets(t->ctx, 0); /* the sender never reads: no tickets to pile up */
-        /* (Reading ahead into a large buffer measured slower: OpenSSL moves the partial
-         * record left at the end of it back to the start, a copy per buffer.) */
+        /* Read ahead into OpenSSL's default buffer (one record and a bit): one read() per
+         * record instead of two (its header, then its body). A large buffer measured slower:
+         * OpenSSL moves what is left behind each record back to the buffer's start. */
+        if (t->batch)
+            SSL_CTX_set_read_ahead(t->ctx, 1);
     } else {
         SSL_CTX_set_psk_use_session_callback(t->ctx, amdt_psk_use);
     }
@@ -136,7 +257,8 @@ static ssize_t amdt_ssl_result(SSL *ssl, int n, int reading)
 int amdt_tls_start(amdt_tls *t, amdt_link *l, const int *stop, uint64_t deadline_ns)
 {
     SSL *ssl = SSL_new(t->ctx);
-    if (ssl == NULL || !SSL_set_fd(ssl, l->fd)) {
+    if (ssl == NULL || !SSL_set_fd(ssl, l->fd) ||
+        (!t->server && t->batch && amdt_wbuf_attach(ssl, l->fd) != 0)) {
         SSL_free(ssl);
         ERR_clear_error();
         return ENOMEM;
@@ -177,9 +299,37 @@ ssize_t amdt_link_send2(amdt_link *l, const void *a, size_t alen, const void *b,
     size_t len = alen ? alen : blen;
     if (len > AMDT_TLS_MAX_WRITE)
         len = AMDT_TLS_MAX_WRITE;
-    ERR_clear_error();
-    errno = 0;
-    return amdt_ssl_result(l->ssl, SSL_write(l->ssl, buf, (int)len), 0);
+    amdt_wbuf *w = amdt_link_wbuf(l);
+    if (w != NULL && w->len > 0) { /* the records of the last call did not all go */
+        if (!amdt_wbuf_flush(w))
+            return -1;
+        ssize_t done = w->accepted;
+        w->accepted = 0;
+        if (done > 0)
+            return done; /* that call's bytes: the caller's loop moves on past them */
+    }
+    /* SSL_MODE_ENABLE_PARTIAL_WRITE: each SSL_write returns after one record; with the buffer,
+     * seal them all and send them together. */
+    ssize_t n = 0;
+    do {
+        ERR_clear_error();
+        errno = 0;
+        ssize_t k = amdt_ssl_result(
+            l->ssl, SSL_write(l->ssl, (const uint8_t *)buf + n, (int)(len - (size_t)n)), 0);
+        if (k < 0 && n == 0)
+            return -1;
+        if (k < 0)
+            break; /* send what is sealed; the error comes back on the next call */
+        n += k;
+    } while (w != NULL && (size_t)n < len);
+    if (w != NULL && !amdt_wbuf_flush(w)) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return -1;
+        w->accepted = n; /* sealed, partly sent: reported once the rest has gone */
+        errno = EAGAIN;
+        return -1;
+    }
+    return n;
 }
 
 ssize_t amdt_link_send(amdt_link *l, const void *buf, size_t len)
@@ -204,6 +354,9 @@ void amdt_link_end_tls(amdt_link *l)
         return;
     ERR_clear_error();
     SSL_shutdown(l->ssl); /* one close_notify, no wait for the peer's */
+    amdt_wbuf *w = amdt_link_wbuf(l);
+    if (w != NULL)
+        (void)amdt_wbuf_flush(w); /* best effort, as the shutdown itself */
     ERR_clear_error();
     SSL_free(l->ssl);
     l->ssl = NULL;
