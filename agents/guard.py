@@ -207,13 +207,9 @@ class FloorGuard:
         self._release_spare(obs)
         self._lift_ceilings(obs, delivered)
         if self._trimming is not None:
-            undo = self._judge_trim(obs, delivered)
-            self.note = "trial:trim"
-            if undo == "judging":
-                return self._floored(proposed)
-            if undo is not None:
-                self.note = "trial:trim,undo"
-                return self._floored(tuple(max(p, u) for p, u in zip(proposed, undo)))  # type: ignore[arg-type]
+            after = self._after_trim(obs, delivered, proposed)
+            if after is not None:
+                return after
         if self._judging is not None:
             kind = "probe" if self._probing else "raise"
             verdict = self._judge(delivered)
@@ -231,12 +227,7 @@ class FloorGuard:
             self.best = max(self.best, min(last, delivered))
         if delivered >= SHORTFALL * self.best:
             self.short, self.short_sum = 0, 0.0
-            self.calm += 1
-            self.steady = self.steady + 1 if delivered >= STEADY * self.best else 0
-            if self.calm >= PROBE_AFTER and self.intervals >= TRIM_AFTER and self._trim(obs, proposed):
-                return self._floored(proposed)
-            if self.steady >= PROBE_AFTER:
-                self._probe(obs, proposed, delivered)
+            self._holding(obs, proposed, delivered)
             return self._floored(proposed)
         self.steady = self.calm = 0
         self.short += 1
@@ -260,6 +251,28 @@ class FloorGuard:
             self.note = "raise"
             self.short, self.short_sum, self.judged = 0, 0.0, []
         return self._floored(proposed)
+
+    def _after_trim(self, obs: Observation, delivered: float, proposed: Triple) -> Optional[Triple]:
+        """While a cut is judged: the counts to run (capped by its ceiling), or after a cut that
+        lost rate the counts it goes back to; None once it held (the guard goes on as usual)."""
+        undo = self._judge_trim(obs, delivered)
+        self.note = "trial:trim"
+        if undo == "judging":
+            return self._floored(proposed)
+        if undo is None:
+            return None
+        self.note = "trial:trim,undo"
+        return self._floored((max(proposed[0], undo[0]), max(proposed[1], undo[1]), max(proposed[2], undo[2])))
+
+    def _holding(self, obs: Observation, proposed: Triple, delivered: float) -> None:
+        """The rate holds: after :data:`PROBE_AFTER` such intervals a cut where the evidence says a
+        stage has threads to spare; else, after as many steady ones, a probe."""
+        self.calm += 1
+        self.steady = self.steady + 1 if delivered >= STEADY * self.best else 0
+        if self.calm >= PROBE_AFTER and self.intervals >= TRIM_AFTER and self._trim(obs, proposed):
+            return
+        if self.steady >= PROBE_AFTER:
+            self._probe(obs, proposed, delivered)
 
     def _probe(self, obs: Observation, proposed: Triple, delivered: float) -> None:
         """Steady: try :data:`PROBE_SHARE` more threads on every stage that limits (busy at least
