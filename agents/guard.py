@@ -336,9 +336,12 @@ class FloorGuard:
             need = math.ceil(float(obs.throughput_bps[s]) / ref) if ref > 0 else n
             cuts = []
             if n - (need + 1) >= TRIM_SURPLUS:
-                cuts.append((need + 1, False))
-            if self.futile[s] >= TRIM_SURPLUS or self.cut_held[s]:
-                cuts.append((n - max(TRIM_SURPLUS, int(TRIM_SHARE * n)), True))
+                cuts.append((need + 1, False))  # to the need the best rate per thread measured
+            if self.futile[s] >= TRIM_SURPLUS:
+                cuts.append((int(obs.threads[s]) - self.futile[s], True))  # back to before the threads added in vain
+            if self.cut_held[s]:
+                cuts.append((n - max(TRIM_SURPLUS, int(TRIM_SHARE * n)), True))  # the last cut held: a third more
+            cuts = [c for c in cuts if n - c[0] >= TRIM_SURPLUS]
             if cuts and (best is None or n > best[1]):
                 m, blind = min(cuts)
                 best = (s, n, max(1, m), blind)

@@ -173,10 +173,11 @@ def test_a_stage_over_provisioned_behind_a_total_limit_is_trimmed_in_the_simulat
 
 def test_cuts_by_a_share_go_on_while_the_rate_holds_and_the_one_that_loses_it_goes_back():
     """Sixteen readers share an 80 MB/s total limit (10 MB/s each at most), every one busy; the
-    policy then asks for 18 and the rate stays (threads added in vain). The guard cuts a third
-    (to 12), the rate holds; a third again (to 8), it holds; two more (to 6) lose a quarter of the
-    rate: after one interval the stage goes back to the 8 the rate needs at the rate per reader
-    that cut measured, is capped there and not cut again."""
+    policy then asks for 18 and the rate stays (threads added in vain). The guard cuts back to
+    the 16 that held the rate, it holds; then a third (to 11), it holds; a third again (to 8), it
+    holds; two more (to 6) lose a quarter of the rate: after one interval the stage goes back to
+    the 8 the rate needs at the rate per reader that cut measured, is capped there and not cut
+    again."""
     g = FloorGuard(32)
     outs, notes = [], []
     r = 16
@@ -186,7 +187,7 @@ def test_cuts_by_a_share_go_on_while_the_rate_holds_and_the_one_that_loses_it_go
         notes.append(g.note)
         r = outs[-1][0]
     print(list(zip([o[0] for o in outs], notes)))
-    assert [n for n in notes if n and n != "trial:trim"] == ["trim", "trim", "trim", "trial:trim,undo"], notes
-    assert [o[0] for o, n in zip(outs, notes) if n == "trim"] == [12, 8, 6]
+    assert [n for n in notes if n and n != "trial:trim"] == ["trim", "trim", "trim", "trim", "trial:trim,undo"], notes
+    assert [o[0] for o, n in zip(outs, notes) if n == "trim"] == [16, 11, 8, 6]
     assert all(o == (8, 2, 2) for o in outs[notes.index("trial:trim,undo"):]), outs
     assert g.trim_blocked == [True, False, False] and g.ceilings[0] == 8
