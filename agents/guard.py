@@ -323,7 +323,8 @@ class FloorGuard:
         """Steady: cut a busy stage (at least :data:`TRIM_MIN` threads, not blocked) that the
         evidence says has threads to spare: :data:`TRIM_SURPLUS` or more above what its flow needs
         at the best rate per busy thread it held (cut to that need plus one), or threads added
-        without gain (:data:`TRIM_SURPLUS` or more), or a cut before that held (cut by
+        without gain (:data:`TRIM_SURPLUS` or more: back to the count before them), or a cut
+        before that held (cut by
         :data:`TRIM_SHARE`, at least :data:`TRIM_SURPLUS`); cap it there while the cut is judged.
         Returns whether it cut (then no probe this interval)."""
         best: Optional[Tuple[int, int, int, bool]] = None
@@ -386,6 +387,18 @@ class FloorGuard:
         undo = [0, 0, 0]
         undo[s] = back
         return tuple(undo)
+
+    def end_trials(self, current: Triple) -> Triple:
+        """The run's tail began (nobody asks the guard again): a cut still on trial is undone,
+        ``current`` with the cut stage back at its count before the cut."""
+        if self._trimming is None:
+            return current
+        s, n = self._trimming[0], self._trimming[1]
+        self._trimming = None
+        self.ceilings[s] = 0
+        out = [int(x) for x in current]
+        out[s] = max(out[s], n)
+        return (out[0], out[1], out[2])
 
     def _lift_ceilings(self, obs: Observation, delivered: float) -> None:
         for s in range(3):

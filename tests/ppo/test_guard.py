@@ -191,3 +191,21 @@ def test_cuts_by_a_share_go_on_while_the_rate_holds_and_the_one_that_loses_it_go
     assert [o[0] for o, n in zip(outs, notes) if n == "trim"] == [16, 11, 8, 6]
     assert all(o == (8, 2, 2) for o in outs[notes.index("trial:trim,undo"):]), outs
     assert g.trim_blocked == [True, False, False] and g.ceilings[0] == 8
+
+
+def test_a_cut_still_on_trial_when_the_tail_begins_is_undone():
+    """The controller asks no policy in a run's tail: a cut decided just before it would stay
+    unjudged (on the engine: 7 writers for 10 at 70 MB/s of 80 for the last 7 s). ``end_trials``
+    gives the count before the cut back; with no trial running it changes nothing."""
+    g = FloorGuard(32)
+    r = 16
+    for i in range(12):
+        rate = min(80, 10 * r) * MB
+        out = g(_obs((r, 2, 2), (rate, rate, rate), (r, 1, 1)), (16, 2, 2) if i < 4 else (18, 2, 2))
+        r = out[0]
+        if g.note == "trim":
+            break
+    assert g.note == "trim" and g._trimming is not None
+    cut_from = g._trimming[1]
+    assert g.end_trials(out) == (cut_from, 2, 2) and g.ceilings[0] == 0
+    assert g.end_trials((5, 2, 2)) == (5, 2, 2)
