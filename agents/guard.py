@@ -12,8 +12,8 @@ and when it stays below
 :data:`SHORTFALL` of it for :data:`PATIENCE` intervals in a row (or falls below :data:`SEVERE` of
 it in one) it raises every *limiting* stage
 (busy at least :data:`BUSY` of its thread-seconds) to the threads that carry the best rate at
-that stage's measured rate per busy thread. It only ever raises counts; the policy's choices
-stand otherwise.
+that stage's measured rate per busy thread. It cuts only to undo its own moves and to trim a
+stage with threads to spare behind a limit (below); the policy's choices stand otherwise.
 
 The best rate can be one the path no longer gives (a buffer that drained faster than the source
 refills it, a path that slowed down, a total limit that more threads cannot lift). So every raise
@@ -126,7 +126,8 @@ def _per_thread(obs: Observation, s: int) -> float:
 
 
 class FloorGuard:
-    """Raise the limiting stages when the delivered rate stays below what the transfer reached.
+    """Raise the limiting stages when the delivered rate stays below what the transfer reached,
+    probe a balanced rest, trim a stage with threads to spare behind a limit.
 
     :param max_threads: upper bound of every stage.
     """
