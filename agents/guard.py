@@ -175,6 +175,9 @@ class FloorGuard:
         self.ceiling_rate = [0.0, 0.0, 0.0]
         """Per stage, the delivered rate when its ceiling was set."""
         self.recent: List[float] = []
+        self.recent_stage: List[Tuple[float, ...]] = []
+        """Each stage's rate in the last :data:`PROBE_AFTER` intervals."""
+        self.judged_stage: List[float] = []
         """The delivered rates of the last :data:`PROBE_AFTER` intervals."""
         self._trimming: Optional[Tuple[int, int, float, float, bool]] = None
         """(the stage cut, its count before, the delivered rate before the cut, the stage's own rate
@@ -203,6 +206,7 @@ class FloorGuard:
         self.intervals += 1
         last, self.last = self.last, delivered
         self.recent = (self.recent + [delivered])[-PROBE_AFTER:]
+        self.recent_stage = (self.recent_stage + [tuple(float(x) for x in obs.throughput_bps)])[-PROBE_AFTER:]
         self._learn_rates(obs)
         self._count_futile(obs, delivered)
         self._release_spare(obs)
@@ -335,7 +339,8 @@ class FloorGuard:
             if self.trim_blocked[s] or n < TRIM_MIN or _utilization(obs, s) < BUSY:
                 continue
             ref = self.rate_ref[s]
-            need = math.ceil(float(obs.throughput_bps[s]) / ref) if ref > 0 else n
+            flow = min(float(obs.throughput_bps[s]), float(obs.throughput_bps[2]))  # a lump of chunks is no flow
+            need = math.ceil(flow / ref) if ref > 0 else n
             cuts = []
             if n - (need + 1) >= TRIM_SURPLUS:
                 cuts.append((need + 1, False))  # to the need the best rate per thread measured
@@ -345,34 +350,42 @@ class FloorGuard:
                 cuts.append((n - max(TRIM_SURPLUS, int(TRIM_SHARE * n)), True))  # the last cut held: a third more
             cuts = [c for c in cuts if n - c[0] >= TRIM_SURPLUS]
             if cuts and (best is None or n > best[1]):
-                m, blind = min(cuts)
-                best = (s, n, max(1, m), blind)
+                # once threads were added in vain or a cut held, a cut that holds is followed by
+                # another (the best rate per thread may itself be a shared-out one)
+                best = (s, n, max(1, min(cuts)[0]), any(b for _, b in cuts))
         if best is None:
             return False
         s, n, m, blind = best
         self.ceilings[s], self.floors[s], self.futile[s] = m, 0, 0
         self.steady = self.calm = 0
         self.trims += 1
-        self._trimming = (s, n, sum(self.recent) / len(self.recent), float(obs.throughput_bps[s]), blind)
-        self.judged = []
+        before = sum(self.recent) / len(self.recent)
+        own = min(before, sum(r[s] for r in self.recent_stage) / len(self.recent_stage))  # readers may run ahead
+        self._trimming = (s, n, before, own, blind)
+        self.judged, self.judged_stage = [], []
         self.note = "trim" if self.note is None else f"{self.note},trim"
         return True
 
     def _judge_trim(self, obs: Observation, delivered: float) -> Any:
-        """``"judging"`` until :data:`JUDGE` intervals ran with the cut (one, if it fell below
-        :data:`SHORTFALL` at once); then None if the delivered rate held :data:`STEADY` of the
-        rate before it (the cut stage's own rate comes in chunk-sized lumps) (the ceiling stays: the stage is not probed again), else
-        the count to go back to: the threads the rate before needs at the rate per busy thread
-        the cut stage just showed, plus one, at most the count before the cut (and the stage is
-        not trimmed again)."""
+        """``"judging"`` until :data:`JUDGE` intervals ran with the cut (one, if the delivered
+        rate fell below :data:`SHORTFALL` of the rate before it); then None if the delivered rate
+        held :data:`STEADY` of it and, for readers, their own rate :data:`SHORTFALL` of theirs before
+        (at most the delivered rate) (the readers' own rate shows a cut of readers
+        while a full buffer still feeds the network; the other stages' comes in chunk-sized lumps): the
+        ceiling stays and the stage is not probed again. Else the count to go back to: the threads
+        the stage's rate before needs at the rate per busy thread it just showed, plus one, at
+        most the count before the cut (and the stage is not trimmed again)."""
         assert self._trimming is not None
         s, n, before, before_s, blind = self._trimming
         held = delivered / before if before > 0 else 1.0
+        own = float(obs.throughput_bps[s]) / before_s if before_s > 0 else 1.0
         self.judged.append(held)
+        self.judged_stage.append(own)
         if len(self.judged) < JUDGE and held >= SHORTFALL:
             return "judging"
         self._trimming = None
-        if sum(self.judged) / len(self.judged) >= STEADY:
+        own_held = s != 0 or sum(self.judged_stage) / len(self.judged_stage) >= SHORTFALL
+        if sum(self.judged) / len(self.judged) >= STEADY and own_held:
             self.probe_blocked[s] = True
             self.cut_held[s] = blind  # a cut by a share that held: the next one may take more
             self.ceiling_rate[s] = before

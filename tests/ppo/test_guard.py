@@ -209,3 +209,22 @@ def test_a_cut_still_on_trial_when_the_tail_begins_is_undone():
     cut_from = g._trimming[1]
     assert g.end_trials(out) == (cut_from, 2, 2) and g.ceilings[0] == 0
     assert g.end_trials((5, 2, 2)) == (5, 2, 2)
+
+
+def test_a_cut_of_readers_is_judged_by_their_own_rate_not_by_what_a_full_buffer_still_delivers():
+    """Readers share a 96 MB/s total limit (10 MB/s each at most), the network delivers 80 MB/s
+    from a full sender buffer whatever the readers do. The policy adds two readers in vain (18);
+    the cuts to 15 (the need at the best rate per reader it saw, 6 MB/s, plus one) and 10 hold
+    (the readers still read 80 or more); the cut to 7 reads 70 while the buffer still delivers 80:
+    it is judged by the 70 and goes back to the 8 that read 80 at 10 each, plus one."""
+    g = FloorGuard(32)
+    outs, notes = [], []
+    r = 16
+    for i in range(60):
+        read = min(96, 10 * r) * MB
+        outs.append(g(_obs((r, 4, 4), (read, 80 * MB, 80 * MB), (r, 2, 2)), (16, 4, 4) if i < 4 else (18, 4, 4)))
+        notes.append(g.note)
+        r = outs[-1][0]
+    cuts = [o[0] for o, n in zip(outs, notes) if n == "trim"]
+    assert cuts == [15, 10, 7], (cuts, notes)
+    assert notes.count("trial:trim,undo") == 1 and outs[-1][0] == 9 and g.trim_blocked[0]
