@@ -179,9 +179,9 @@ class FloorGuard:
         """Each stage's rate in the last :data:`PROBE_AFTER` intervals."""
         self.judged_stage: List[float] = []
         """The delivered rates of the last :data:`PROBE_AFTER` intervals."""
-        self._trimming: Optional[Tuple[int, int, float, float, bool]] = None
+        self._trimming: Optional[Tuple[int, int, float, float]] = None
         """(the stage cut, its count before, the delivered rate before the cut, the stage's own rate
-        before it, whether it was a cut by a share rather than to a measured need)."""
+        before it)."""
         self.trims = 0
         """Trims so far (for logs and tests)."""
         self.intervals = 0
@@ -320,9 +320,9 @@ class FloorGuard:
             added = now[s] - prev[s]
             if added < 0:
                 self.futile[s] = max(0, self.futile[s] + added)
-            elif added > 0 and self.steady > 0:
+            elif added > 0 and self.calm > 0:
                 gain = delivered >= self.best * (1 + PAY * added / max(1, prev[s]))
-                self.futile[s] = 0 if gain else self.futile[s] + added
+                self.futile[s] += 0 if gain else added
 
     def _trim(self, obs: Observation, proposed: Triple) -> bool:
         """Steady: cut a busy stage (at least :data:`TRIM_MIN` threads, not blocked) that the
@@ -332,7 +332,7 @@ class FloorGuard:
         before that held (cut by
         :data:`TRIM_SHARE`, at least :data:`TRIM_SURPLUS`); cap it there while the cut is judged.
         Returns whether it cut (then no probe this interval)."""
-        best: Optional[Tuple[int, int, int, bool]] = None
+        best: Optional[Tuple[int, int, int]] = None
         would = self._floored(proposed)
         for s in range(3):
             n = max(int(obs.threads[s]), would[s])
@@ -343,32 +343,30 @@ class FloorGuard:
             need = math.ceil(flow / ref) if ref > 0 else n
             cuts = []
             if n - (need + 1) >= TRIM_SURPLUS:
-                cuts.append((need + 1, False))  # to the need the best rate per thread measured
+                cuts.append(need + 1)  # to the need at the best rate per thread it held
             if self.futile[s] >= TRIM_SURPLUS:
-                cuts.append((int(obs.threads[s]) - self.futile[s], True))  # back to before the threads added in vain
+                cuts.append(int(obs.threads[s]) - self.futile[s])  # back to before the threads added in vain
             if self.cut_held[s]:
-                cuts.append((n - max(TRIM_SURPLUS, int(TRIM_SHARE * n)), True))  # the last cut held: a third more
-            cuts = [c for c in cuts if n - c[0] >= TRIM_SURPLUS]
+                cuts.append(n - max(TRIM_SURPLUS, int(TRIM_SHARE * n)))  # the last cut held: a third more
+            cuts = [c for c in cuts if n - c >= TRIM_SURPLUS]
             if cuts and (best is None or n > best[1]):
-                # once threads were added in vain or a cut held, a cut that holds is followed by
-                # another (the best rate per thread may itself be a shared-out one)
-                best = (s, n, max(1, min(cuts)[0]), any(b for _, b in cuts))
+                best = (s, n, max(1, min(cuts)))
         if best is None:
             return False
-        s, n, m, blind = best
+        s, n, m = best
         self.ceilings[s], self.floors[s], self.futile[s] = m, 0, 0
         self.steady = self.calm = 0
         self.trims += 1
         before = sum(self.recent) / len(self.recent)
         own = min(before, sum(r[s] for r in self.recent_stage) / len(self.recent_stage))  # readers may run ahead
-        self._trimming = (s, n, before, own, blind)
+        self._trimming = (s, n, before, own)
         self.judged, self.judged_stage = [], []
         self.note = "trim" if self.note is None else f"{self.note},trim"
         return True
 
     def _judge_trim(self, obs: Observation, delivered: float) -> Any:
         """``"judging"`` until :data:`JUDGE` intervals ran with the cut (one, if the delivered
-        rate fell below :data:`SHORTFALL` of the rate before it); then None if the delivered rate
+        rate, or a cut of readers' own, fell below :data:`SHORTFALL` of the rate before it); then None if the delivered rate
         held :data:`STEADY` of it and, for readers, their own rate :data:`SHORTFALL` of theirs before
         (at most the delivered rate) (the readers' own rate shows a cut of readers
         while a full buffer still feeds the network; the other stages' comes in chunk-sized lumps): the
@@ -376,18 +374,18 @@ class FloorGuard:
         the stage's rate before needs at the rate per busy thread it just showed, plus one, at
         most the count before the cut (and the stage is not trimmed again)."""
         assert self._trimming is not None
-        s, n, before, before_s, blind = self._trimming
+        s, n, before, before_s = self._trimming
         held = delivered / before if before > 0 else 1.0
         own = float(obs.throughput_bps[s]) / before_s if before_s > 0 else 1.0
         self.judged.append(held)
         self.judged_stage.append(own)
-        if len(self.judged) < JUDGE and held >= SHORTFALL:
+        if len(self.judged) < JUDGE and held >= SHORTFALL and (s != 0 or own >= SHORTFALL):
             return "judging"
         self._trimming = None
         own_held = s != 0 or sum(self.judged_stage) / len(self.judged_stage) >= SHORTFALL
         if sum(self.judged) / len(self.judged) >= STEADY and own_held:
             self.probe_blocked[s] = True
-            self.cut_held[s] = blind  # a cut by a share that held: the next one may take more
+            self.cut_held[s] = True  # the next one may take more (the best rate per thread may be a shared-out one)
             self.ceiling_rate[s] = before
             return None
         self.trim_blocked[s] = True
