@@ -60,6 +60,7 @@ busy thread-seconds), which the simulator and the live engine both produce, so `
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any, List, Optional, Tuple
 
 from automdt.simulator.types import Observation, Triple
@@ -179,9 +180,9 @@ class FloorGuard:
         """Each stage's rate in the last :data:`PROBE_AFTER` intervals."""
         self.judged_stage: List[float] = []
         """The delivered rates of the last :data:`PROBE_AFTER` intervals."""
-        self._trimming: Optional[Tuple[int, int, float, float]] = None
+        self._trimming: Optional[Tuple[int, int, float, float, int]] = None
         """(the stage cut, its count before, the delivered rate before the cut, the stage's own rate
-        before it)."""
+        before it, its floor before it)."""
         self.trims = 0
         """Trims so far (for logs and tests)."""
         self.intervals = 0
@@ -192,6 +193,12 @@ class FloorGuard:
         self.futile = [0, 0, 0]
         """Per stage, threads added while the rate held that brought no gain (the evidence that a
         limit shares the stage's rate out)."""
+        self.probed = [False, False, False]
+        """Stages whose floor a probe set (a probe during the ramp's rise can seem to pay)."""
+        self.rest = [0, 0, 0]
+        """Per stage, intervals in a row its count stayed the same."""
+        self.checked = [False, False, False]
+        """Stages cut at least once in this transfer (the check without evidence is made once)."""
         self.cut_held = [False, False, False]
         """Stages a cut took threads from without losing rate: cut again after the next steady run."""
         self._prev_threads: Optional[Tuple[int, int, int]] = None
@@ -245,7 +252,7 @@ class FloorGuard:
         for s in range(3):
             need = self._need(obs, s)
             if need > max(proposed[s], self.floors[s]):
-                self.floors[s] = need
+                self.floors[s], self.probed[s] = need, False
                 if self.ceilings[s] and need > self.ceilings[s]:
                     self.ceilings[s] = 0  # the rate needs more threads there than the trim left
                 undo[s] = max(int(obs.threads[s]), int(proposed[s]))
@@ -298,7 +305,7 @@ class FloorGuard:
                     or self._diluted(s, _per_thread(obs, s))):
                 continue
             m = min(self.max_threads, n + max(1, math.ceil(PROBE_SHARE * n)))
-            undo[s], self.floors[s] = n, m
+            undo[s], self.floors[s], self.probed[s] = n, m, True
             ratio = min(ratio, m / n)
         if not any(undo):
             return
@@ -318,6 +325,7 @@ class FloorGuard:
             return
         for s in range(3):
             added = now[s] - prev[s]
+            self.rest[s] = self.rest[s] + 1 if added == 0 else 0
             if added < 0:
                 self.futile[s] = max(0, self.futile[s] + added)
             elif added > 0 and self.calm > 0:
@@ -338,6 +346,8 @@ class FloorGuard:
             n = max(int(obs.threads[s]), would[s])
             if self.trim_blocked[s] or n < TRIM_MIN or _utilization(obs, s) < BUSY:
                 continue
+            if statistics.median(r[s] for r in self.recent_stage) < STEADY * statistics.median(self.recent):
+                continue  # it carries less than is delivered: a buffer drains, it is short, not spare
             ref = self.rate_ref[s]
             flow = min(float(obs.throughput_bps[s]), float(obs.throughput_bps[2]))  # a lump of chunks is no flow
             need = math.ceil(flow / ref) if ref > 0 else n
@@ -348,41 +358,46 @@ class FloorGuard:
                 cuts.append(int(obs.threads[s]) - self.futile[s])  # back to before the threads added in vain
             if self.cut_held[s]:
                 cuts.append(n - max(TRIM_SURPLUS, int(TRIM_SHARE * n)))  # the last cut held: a third more
+            measured = self.floors[s] and not self.probed[s]  # a raise set it from a measured need
+            if (not cuts and not self.checked[s] and not measured and self.rest[s] >= PROBE_AFTER
+                    and int(obs.threads[s]) == would[s]):
+                cuts.append(n - TRIM_SURPLUS)  # no evidence either way, a count at rest: is it within one?
             cuts = [c for c in cuts if n - c >= TRIM_SURPLUS]
             if cuts and (best is None or n > best[1]):
                 best = (s, n, max(1, min(cuts)))
         if best is None:
             return False
         s, n, m = best
-        self.ceilings[s], self.floors[s], self.futile[s] = m, 0, 0
+        floor = self.floors[s]
+        self.ceilings[s], self.floors[s], self.futile[s], self.checked[s] = m, 0, 0, True
         self.steady = self.calm = 0
         self.trims += 1
-        before = sum(self.recent) / len(self.recent)
-        own = min(before, sum(r[s] for r in self.recent_stage) / len(self.recent_stage))  # readers may run ahead
-        self._trimming = (s, n, before, own)
+        before = statistics.median(self.recent)  # a burst (a buffer draining) is not the rate
+        own = min(before, statistics.median(r[s] for r in self.recent_stage))  # readers may run ahead
+        self._trimming = (s, n, before, own, floor)
         self.judged, self.judged_stage = [], []
         self.note = "trim" if self.note is None else f"{self.note},trim"
         return True
 
     def _judge_trim(self, obs: Observation, delivered: float) -> Any:
         """``"judging"`` until :data:`JUDGE` intervals ran with the cut (one, if the delivered
-        rate, or a cut of readers' own, fell below :data:`SHORTFALL` of the rate before it); then None if the delivered rate
-        held :data:`STEADY` of it and, for readers, their own rate :data:`SHORTFALL` of theirs before
-        (at most the delivered rate) (the readers' own rate shows a cut of readers
+        rate, or a cut of readers' own, fell below :data:`STEADY` of the rate before it); then None if the delivered rate
+        held :data:`STEADY` of it and, for readers, their own rate in the last of them :data:`STEADY`
+        of theirs before (at most the delivered rate) (the readers' own rate shows a cut of readers
         while a full buffer still feeds the network; the other stages' comes in chunk-sized lumps): the
         ceiling stays and the stage is not probed again. Else the count to go back to: the threads
         the stage's rate before needs at the rate per busy thread it just showed, plus one, at
-        most the count before the cut (and the stage is not trimmed again)."""
+        most the count before the cut, and capped there (and the stage is not trimmed again)."""
         assert self._trimming is not None
-        s, n, before, before_s = self._trimming
+        s, n, before, before_s, floor = self._trimming
         held = delivered / before if before > 0 else 1.0
         own = float(obs.throughput_bps[s]) / before_s if before_s > 0 else 1.0
         self.judged.append(held)
         self.judged_stage.append(own)
-        if len(self.judged) < JUDGE and held >= SHORTFALL and (s != 0 or own >= SHORTFALL):
+        if len(self.judged) < JUDGE and held >= STEADY and (s != 0 or own >= STEADY):
             return "judging"
         self._trimming = None
-        own_held = s != 0 or sum(self.judged_stage) / len(self.judged_stage) >= SHORTFALL
+        own_held = s != 0 or self.judged_stage[-1] >= STEADY  # the first interval still has the cut readers' chunks
         if sum(self.judged) / len(self.judged) >= STEADY and own_held:
             self.probe_blocked[s] = True
             self.cut_held[s] = True  # the next one may take more (the best rate per thread may be a shared-out one)
@@ -394,7 +409,8 @@ class FloorGuard:
         if per_thread > 0 and _utilization(obs, s) >= BUSY:
             self.rate_ref[s] = max(self.rate_ref[s], per_thread)
             back = max(int(obs.threads[s]) + 1, min(n, math.ceil(before_s / per_thread) + 1))
-        self.ceilings[s] = back
+        self.ceilings[s] = back  # a raise that needs more there lifts it
+        self.floors[s] = floor
         self.ceiling_rate[s] = before
         undo = [0, 0, 0]
         undo[s] = back

@@ -61,7 +61,8 @@ def test_a_best_rate_the_path_no_longer_gives_is_not_climbed():
     """A burst (a buffer draining) set the best at 100 MB/s for two intervals; the path gives 80
     (10 MB/s per reader, 80 in total) with 8 readers busy. The guard raises once, sees that the
     raise did not pay within JUDGE intervals, takes the best down and drops the floor; it never
-    raises again. Its one trial cut (8 -> 6 readers) loses rate and goes back to 8 at once."""
+    raises again. Its one check of the readers (8 -> 6: no evidence either way) loses rate and goes
+    back to 8 after one interval."""
     g = FloorGuard(32)
     for _ in range(2):
         g(_obs((8, 4, 4), (100 * MB, 100 * MB, 100 * MB), (8, 2, 2)), (8, 4, 4))
@@ -75,8 +76,9 @@ def test_a_best_rate_the_path_no_longer_gives_is_not_climbed():
     assert g.raises == 1
     assert outs[PATIENCE - 1][0] == 10  # ceil(100 / (80 / 8))
     assert outs[PATIENCE + JUDGE - 1] == (8, 4, 4)  # undone
-    assert all(o == (8, 4, 4) for o in outs[PATIENCE + JUDGE - 1:]), outs
-    assert g.trims == 0
+    after = outs[PATIENCE + JUDGE - 1:]
+    assert all(o[0] <= 8 for o in after) and sum(o != (8, 4, 4) for o in after) == 1, outs
+    assert g.trims == 1 and g.trim_blocked == [True, False, False]
     assert g.best == pytest.approx(80 * MB)
 
 
@@ -146,10 +148,12 @@ def test_a_probe_on_a_total_limit_is_undone_and_not_repeated():
         notes.append(g.note)
         threads = outs[-1]
     # what the interval log's "guard" field says
-    assert [n for n in notes if n] == ["probe", "trial:probe", "trial:probe,undo"]
+    assert [n for n in notes if n and "probe" in n] == ["probe", "trial:probe", "trial:probe,undo"]
     assert g.probes == 1 and g.probe_blocked == [True, True, False]
     assert outs[PROBE_AFTER] == (10, 5, 2)  # the probe (after PROBE_AFTER + 1 intervals: best needs two)
-    assert all(o == (8, 4, 2) for o in outs[PROBE_AFTER + JUDGE:]), outs
+    # never above the counts before it again (this path's rate does not depend on them: the guard's
+    # checks cut them and keep what holds)
+    assert all(o[0] <= 8 and o[1] <= 4 for o in outs[PROBE_AFTER + JUDGE:]), outs
 
 
 def test_a_stage_over_provisioned_behind_a_total_limit_is_trimmed_in_the_simulator():
