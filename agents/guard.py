@@ -12,8 +12,8 @@ and when it stays below
 :data:`SHORTFALL` of it for :data:`PATIENCE` intervals in a row (or falls below :data:`SEVERE` of
 it in one) it raises every *limiting* stage
 (busy at least :data:`BUSY` of its thread-seconds) to the threads that carry the best rate at
-that stage's measured rate per busy thread. It only ever raises counts; the policy's choices
-stand otherwise.
+that stage's measured rate per busy thread. It cuts only to undo its own moves and to trim a
+stage with threads to spare behind a limit (below); the policy's choices stand otherwise.
 
 The best rate can be one the path no longer gives (a buffer that drained faster than the source
 refills it, a path that slowed down, a total limit that more threads cannot lift). So every raise
@@ -36,6 +36,23 @@ Neither move touches a stage whose rate per busy thread has fallen below :data:`
 best it held: a total limit shares the same rate out over more threads (writers under an
 80 MB/s cap at 5 MB/s each where they once did 10), and every such thread looks busy and short.
 
+Behind such a limit the policy itself over-provisions: every thread it adds looks busy, so
+nothing it observes says the thread was useless (on the engine's network-bound path, 80 MB/s in
+total at 10 MB/s per connection, it added connections one at a time to 14-18 where 8 carry the
+rate; in the simulator, started at 14 or 32 connections, it stays there). After
+:data:`PROBE_AFTER` intervals at :data:`SHORTFALL` or more of the best rate the guard *trims* such a stage, all its threads busy and
+:data:`TRIM_SURPLUS` or more above the threads its flow needs at the best rate per busy thread it
+held, to that need plus one, or else (no such rate known: the policy went there straight from a
+few threads) by :data:`TRIM_SHARE`, and caps the policy's choice there (a *ceiling*). Each cut is
+judged: kept if the next :data:`JUDGE` intervals hold :data:`STEADY` of the delivered rate and of
+the stage's own rate (then, after :data:`PROBE_AFTER` more steady intervals, the next cut);
+otherwise, after one interval if the rate fell below :data:`SHORTFALL`, the stage goes back to the
+threads the rate needs at the rate per busy thread the cut showed, plus one (at most its count
+before the cut), and is not trimmed again. A stage whose cut held is not probed. A ceiling is
+lifted when, the stage busy, the transfer delivers :data:`LIFT` times what it did when the ceiling
+was set, for :data:`PATIENCE` intervals (the limit went away: the path may give more), or when a raise needs
+more threads there.
+
 The guard reads only the :class:`~automdt.policy_contract.Observation` (throughputs, threads,
 busy thread-seconds), which the simulator and the live engine both produce, so ``simulate`` and
 ``transfer`` run the same rule. Observations without busy thread-seconds pass unchanged.
@@ -43,6 +60,7 @@ busy thread-seconds), which the simulator and the live engine both produce, so `
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any, List, Optional, Tuple
 
 from automdt.simulator.types import Observation, Triple
@@ -79,6 +97,19 @@ is what the policy was trained to settle; several busy stages at once is where i
 short (a balanced point, each stage carrying the same rate)."""
 PROBE_SHARE = 0.25
 """A probe adds this share of the stage's threads (at least one)."""
+TRIM_SURPLUS = 2
+"""Threads above what a busy stage's flow needs at its best rate per busy thread from which the
+guard trims it straight to that need plus one (one more is the settling tolerance the issue
+allows); also the fewest threads a trial cut takes away."""
+TRIM_SHARE = 1 / 3
+"""A trial cut takes this share of a busy stage's threads (at least :data:`TRIM_SURPLUS`)."""
+TRIM_MIN = 4
+"""A stage with fewer threads is not trimmed."""
+TRIM_AFTER = 6
+"""Intervals a transfer runs before the first cut (the ramp's bursts set no steady rate)."""
+LIFT = 1.15
+"""A busy stage under a ceiling while the transfer delivers this much more than when the ceiling
+was set is no longer held by the limit that set it: the ceiling goes."""
 
 
 def _utilization(obs: Observation, s: int) -> float:
@@ -96,7 +127,8 @@ def _per_thread(obs: Observation, s: int) -> float:
 
 
 class FloorGuard:
-    """Raise the limiting stages when the delivered rate stays below what the transfer reached.
+    """Raise the limiting stages when the delivered rate stays below what the transfer reached,
+    probe a balanced rest, trim a stage with threads to spare behind a limit.
 
     :param max_threads: upper bound of every stage.
     """
@@ -136,6 +168,40 @@ class FloorGuard:
         self._probing: Optional[Tuple[int, ...]] = None
         self.probes = 0
         """Probes so far (for logs and tests)."""
+        self.ceilings: List[int] = [0, 0, 0]
+        """Per stage, the most threads the policy may run there after a trim (0: no ceiling)."""
+        self.trim_blocked = [False, False, False]
+        """Stages a trim did not pay for: not trimmed again in this transfer."""
+        self.lift = [0, 0, 0]
+        self.ceiling_rate = [0.0, 0.0, 0.0]
+        """Per stage, the delivered rate when its ceiling was set."""
+        self.recent: List[float] = []
+        self.recent_stage: List[Tuple[float, ...]] = []
+        """Each stage's rate in the last :data:`PROBE_AFTER` intervals."""
+        self.judged_stage: List[float] = []
+        """The delivered rates of the last :data:`PROBE_AFTER` intervals."""
+        self._trimming: Optional[Tuple[int, int, float, float, int]] = None
+        """(the stage cut, its count before, the delivered rate before the cut, the stage's own rate
+        before it, its floor before it)."""
+        self.trims = 0
+        """Trims so far (for logs and tests)."""
+        self.intervals = 0
+        self.calm = 0
+        """Intervals in a row at or above :data:`SHORTFALL` of the best rate (a cut needs
+        :data:`PROBE_AFTER` of them)."""
+        self._ceilings_before: List[int] = [0, 0, 0]
+        self.futile = [0, 0, 0]
+        """Per stage, threads added while the rate held that brought no gain (the evidence that a
+        limit shares the stage's rate out)."""
+        self.probed = [False, False, False]
+        """Stages whose floor a probe set (a probe during the ramp's rise can seem to pay)."""
+        self.rest = [0, 0, 0]
+        """Per stage, intervals in a row its count stayed the same."""
+        self.checked = [False, False, False]
+        """Stages cut at least once in this transfer (the check without evidence is made once)."""
+        self.cut_held = [False, False, False]
+        """Stages a cut took threads from without losing rate: cut again after the next steady run."""
+        self._prev_threads: Optional[Tuple[int, int, int]] = None
 
     def __call__(self, obs: Observation, proposed: Triple) -> Triple:
         """The counts to run next: ``proposed`` (the policy's choice), raised where the guard acts
@@ -144,9 +210,18 @@ class FloorGuard:
         if obs.busy_s is None:
             return proposed
         delivered = float(obs.throughput_bps[2])
+        self.intervals += 1
         last, self.last = self.last, delivered
+        self.recent = (self.recent + [delivered])[-PROBE_AFTER:]
+        self.recent_stage = (self.recent_stage + [tuple(float(x) for x in obs.throughput_bps)])[-PROBE_AFTER:]
         self._learn_rates(obs)
+        self._count_futile(obs, delivered)
         self._release_spare(obs)
+        self._lift_ceilings(obs, delivered)
+        if self._trimming is not None:
+            after = self._after_trim(obs, delivered, proposed)
+            if after is not None:
+                return after
         if self._judging is not None:
             kind = "probe" if self._probing else "raise"
             verdict = self._judge(delivered)
@@ -164,21 +239,22 @@ class FloorGuard:
             self.best = max(self.best, min(last, delivered))
         if delivered >= SHORTFALL * self.best:
             self.short, self.short_sum = 0, 0.0
-            self.steady = self.steady + 1 if delivered >= STEADY * self.best else 0
-            if self.steady >= PROBE_AFTER:
-                self._probe(obs, proposed, delivered)
+            self._holding(obs, proposed, delivered)
             return self._floored(proposed)
-        self.steady = 0
+        self.steady = self.calm = 0
         self.short += 1
         self.short_sum += delivered
         if self.short < PATIENCE and delivered >= SEVERE * self.best:
             return self._floored(proposed)
         before = list(self.floors)
+        self._ceilings_before = list(self.ceilings)
         undo = [0, 0, 0]
         for s in range(3):
             need = self._need(obs, s)
             if need > max(proposed[s], self.floors[s]):
-                self.floors[s] = need
+                self.floors[s], self.probed[s] = need, False
+                if self.ceilings[s] and need > self.ceilings[s]:
+                    self.ceilings[s] = 0  # the rate needs more threads there than the trim left
                 undo[s] = max(int(obs.threads[s]), int(proposed[s]))
         if any(undo):
             self.raises += 1
@@ -187,6 +263,28 @@ class FloorGuard:
             self.note = "raise"
             self.short, self.short_sum, self.judged = 0, 0.0, []
         return self._floored(proposed)
+
+    def _after_trim(self, obs: Observation, delivered: float, proposed: Triple) -> Optional[Triple]:
+        """While a cut is judged: the counts to run (capped by its ceiling), or after a cut that
+        lost rate the counts it goes back to; None once it held (the guard goes on as usual)."""
+        undo = self._judge_trim(obs, delivered)
+        self.note = "trial:trim"
+        if undo == "judging":
+            return self._floored(proposed)
+        if undo is None:
+            return None
+        self.note = "trial:trim,undo"
+        return self._floored((max(proposed[0], undo[0]), max(proposed[1], undo[1]), max(proposed[2], undo[2])))
+
+    def _holding(self, obs: Observation, proposed: Triple, delivered: float) -> None:
+        """The rate holds: after :data:`PROBE_AFTER` such intervals a cut where the evidence says a
+        stage has threads to spare; else, after as many steady ones, a probe."""
+        self.calm += 1
+        self.steady = self.steady + 1 if delivered >= STEADY * self.best else 0
+        if self.calm >= PROBE_AFTER and self.intervals >= TRIM_AFTER and self._trim(obs, proposed):
+            return
+        if self.steady >= PROBE_AFTER:
+            self._probe(obs, proposed, delivered)
 
     def _probe(self, obs: Observation, proposed: Triple, delivered: float) -> None:
         """Steady: try :data:`PROBE_SHARE` more threads on every stage that limits (busy at least
@@ -207,7 +305,7 @@ class FloorGuard:
                     or self._diluted(s, _per_thread(obs, s))):
                 continue
             m = min(self.max_threads, n + max(1, math.ceil(PROBE_SHARE * n)))
-            undo[s], self.floors[s] = n, m
+            undo[s], self.floors[s], self.probed[s] = n, m, True
             ratio = min(ratio, m / n)
         if not any(undo):
             return
@@ -217,6 +315,126 @@ class FloorGuard:
         self._judging = (JUDGE, delivered, delivered * ratio, (before[0], before[1], before[2]),
                          (undo[0], undo[1], undo[2]))
         self.judged = []
+
+    def _count_futile(self, obs: Observation, delivered: float) -> None:
+        """Threads a stage gained while the rate held count as futile unless the rate rose by
+        :data:`PAY` of what they would carry at the stage's current rate per thread."""
+        now = (int(obs.threads[0]), int(obs.threads[1]), int(obs.threads[2]))
+        prev, self._prev_threads = self._prev_threads, now
+        if prev is None or self.best <= 0:
+            return
+        for s in range(3):
+            added = now[s] - prev[s]
+            self.rest[s] = self.rest[s] + 1 if added == 0 else 0
+            if added < 0:
+                self.futile[s] = max(0, self.futile[s] + added)
+            elif added > 0 and self.calm > 0:
+                gain = delivered >= self.best * (1 + PAY * added / max(1, prev[s]))
+                self.futile[s] += 0 if gain else added
+
+    def _trim(self, obs: Observation, proposed: Triple) -> bool:
+        """Steady: cut a busy stage (at least :data:`TRIM_MIN` threads, not blocked) that the
+        evidence says has threads to spare: :data:`TRIM_SURPLUS` or more above what its flow needs
+        at the best rate per busy thread it held (cut to that need plus one), or threads added
+        without gain (:data:`TRIM_SURPLUS` or more: back to the count before them), or a cut
+        before that held (cut by
+        :data:`TRIM_SHARE`, at least :data:`TRIM_SURPLUS`); cap it there while the cut is judged.
+        Returns whether it cut (then no probe this interval)."""
+        best: Optional[Tuple[int, int, int]] = None
+        would = self._floored(proposed)
+        for s in range(3):
+            n = max(int(obs.threads[s]), would[s])
+            if self.trim_blocked[s] or n < TRIM_MIN or _utilization(obs, s) < BUSY:
+                continue
+            if statistics.median(r[s] for r in self.recent_stage) < STEADY * statistics.median(self.recent):
+                continue  # it carries less than is delivered: a buffer drains, it is short, not spare
+            ref = self.rate_ref[s]
+            flow = min(float(obs.throughput_bps[s]), float(obs.throughput_bps[2]))  # a lump of chunks is no flow
+            need = math.ceil(flow / ref) if ref > 0 else n
+            cuts = []
+            if n - (need + 1) >= TRIM_SURPLUS:
+                cuts.append(need + 1)  # to the need at the best rate per thread it held
+            if self.futile[s] >= TRIM_SURPLUS:
+                cuts.append(int(obs.threads[s]) - self.futile[s])  # back to before the threads added in vain
+            if self.cut_held[s]:
+                cuts.append(n - max(TRIM_SURPLUS, int(TRIM_SHARE * n)))  # the last cut held: a third more
+            measured = self.floors[s] and not self.probed[s]  # a raise set it from a measured need
+            if (not cuts and not self.checked[s] and not measured and self.rest[s] >= PROBE_AFTER
+                    and int(obs.threads[s]) == would[s]):
+                cuts.append(n - TRIM_SURPLUS)  # no evidence either way, a count at rest: is it within one?
+            cuts = [c for c in cuts if n - c >= TRIM_SURPLUS]
+            if cuts and (best is None or n > best[1]):
+                best = (s, n, max(1, min(cuts)))
+        if best is None:
+            return False
+        s, n, m = best
+        floor = self.floors[s]
+        self.ceilings[s], self.floors[s], self.futile[s], self.checked[s] = m, 0, 0, True
+        self.steady = self.calm = 0
+        self.trims += 1
+        before = statistics.median(self.recent)  # a burst (a buffer draining) is not the rate
+        own = min(before, statistics.median(r[s] for r in self.recent_stage))  # readers may run ahead
+        self._trimming = (s, n, before, own, floor)
+        self.judged, self.judged_stage = [], []
+        self.note = "trim" if self.note is None else f"{self.note},trim"
+        return True
+
+    def _judge_trim(self, obs: Observation, delivered: float) -> Any:
+        """``"judging"`` until :data:`JUDGE` intervals ran with the cut (one, if the delivered
+        rate, or a cut of readers' own, fell below :data:`STEADY` of the rate before it); then None if the delivered rate
+        held :data:`STEADY` of it and, for readers, their own rate in the last of them :data:`STEADY`
+        of theirs before (at most the delivered rate) (the readers' own rate shows a cut of readers
+        while a full buffer still feeds the network; the other stages' comes in chunk-sized lumps): the
+        ceiling stays and the stage is not probed again. Else the count to go back to: the threads
+        the stage's rate before needs at the rate per busy thread it just showed, plus one, at
+        most the count before the cut, and capped there (and the stage is not trimmed again)."""
+        assert self._trimming is not None
+        s, n, before, before_s, floor = self._trimming
+        held = delivered / before if before > 0 else 1.0
+        own = float(obs.throughput_bps[s]) / before_s if before_s > 0 else 1.0
+        self.judged.append(held)
+        self.judged_stage.append(own)
+        if len(self.judged) < JUDGE and held >= STEADY and (s != 0 or own >= STEADY):
+            return "judging"
+        self._trimming = None
+        own_held = s != 0 or self.judged_stage[-1] >= STEADY  # the first interval still has the cut readers' chunks
+        if sum(self.judged) / len(self.judged) >= STEADY and own_held:
+            self.probe_blocked[s] = True
+            self.cut_held[s] = True  # the next one may take more (the best rate per thread may be a shared-out one)
+            self.ceiling_rate[s] = before
+            return None
+        self.trim_blocked[s] = True
+        per_thread = _per_thread(obs, s)
+        back = n
+        if per_thread > 0 and _utilization(obs, s) >= BUSY:
+            self.rate_ref[s] = max(self.rate_ref[s], per_thread)
+            back = max(int(obs.threads[s]) + 1, min(n, math.ceil(before_s / per_thread) + 1))
+        self.ceilings[s] = back  # a raise that needs more there lifts it
+        self.floors[s] = floor
+        self.ceiling_rate[s] = before
+        undo = [0, 0, 0]
+        undo[s] = back
+        return tuple(undo)
+
+    def end_trials(self, current: Triple) -> Triple:
+        """The run's tail began (nobody asks the guard again): a cut still on trial is undone,
+        ``current`` with the cut stage back at its count before the cut."""
+        if self._trimming is None:
+            return current
+        s, n = self._trimming[0], self._trimming[1]
+        self._trimming = None
+        self.ceilings[s] = 0
+        out = [int(x) for x in current]
+        out[s] = max(out[s], n)
+        return (out[0], out[1], out[2])
+
+    def _lift_ceilings(self, obs: Observation, delivered: float) -> None:
+        for s in range(3):
+            full = (self.ceilings[s] and _utilization(obs, s) >= BUSY
+                    and delivered >= LIFT * self.ceiling_rate[s] > 0)
+            self.lift[s] = self.lift[s] + 1 if full else 0
+            if self.lift[s] >= PATIENCE:
+                self.ceilings[s] = 0
 
     def _need(self, obs: Observation, s: int) -> int:
         """Threads stage ``s`` needs to carry the best rate, if it limits the transfer; else 0."""
@@ -252,6 +470,8 @@ class FloorGuard:
         # it did not pay: the best rate is not there to reach; forget it and undo the raise
         self.best = max(got, before)
         self.floors = list(floors)
+        if self._probing is None:
+            self.ceilings = list(self._ceilings_before)  # a raise that lifted a ceiling and did not pay
         return undo
 
     def _release_spare(self, obs: Observation) -> None:
@@ -261,5 +481,7 @@ class FloorGuard:
                 self.floors[s] = 0
 
     def _floored(self, proposed: Triple) -> Triple:
-        r, n, w = (min(self.max_threads, max(int(p), f)) for p, f in zip(proposed, self.floors))
+        """``proposed`` raised to the floors and cut to the ceilings."""
+        r, n, w = (min(self.max_threads, c or self.max_threads, max(int(p), f))
+                   for p, f, c in zip(proposed, self.floors, self.ceilings))
         return (r, n, w)

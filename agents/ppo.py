@@ -649,6 +649,12 @@ class PPOPolicy:
         self.annotation = {"guard": self.guard.note} if self.guard.note else {}
         return out
 
+    def tail_hold(self, current: Triple) -> Triple:
+        """The counts to hold through a run's tail (the controller asks no policy there): the
+        current ones, or, if the floor's trial cut was still being judged, the count it cut from
+        (a cut nobody judges must not stay)."""
+        return self.guard.end_trials(current) if self.guard is not None else current
+
     def _mode(self, x: Any) -> Any:
         """The most likely action for one network input (as SB3 ``predict(deterministic=True)``)."""
         return self.actor.mode(x)[0]

@@ -182,7 +182,8 @@ class Controller:
         if final:
             new = ran
         elif self.tail:
-            new = self.threads
+            hold = getattr(self.policy, "tail_hold", None)  # a trial the policy still judges ends here
+            new = self._clamp(hold(self.threads), self.limit) if callable(hold) else self.threads
         else:
             new = self._clamp(self.policy.act(obs), self.limit)
             if self._warm and (counted[2] == 0 or now - self._t_base < self.interval_s - 1e-3):

@@ -3,7 +3,7 @@
 
 One command (from the repository root)::
 
-    .venv/bin/python benchmarks/bench_policy.py [--reps 5] [--only startup,large,warm,sustained,ramp,completion,sim] [--json out.json]
+    .venv/bin/python benchmarks/bench_policy.py [--reps 5] [--only startup,large,warm,sustained,ramp,completion,sim] [--json out.json] [--keep-logs DIR]
 
 Sections (each prints its figures and the issue's target; ``--json`` writes every figure and
 raw sample):
@@ -123,6 +123,11 @@ class Ctx:
 
     def cleanup(self) -> None:
         be.PROCS.stop_all()
+        if self.args.keep_logs and os.path.isdir(self.scratch):  # the runs' interval logs, for a closer look
+            os.makedirs(self.args.keep_logs, exist_ok=True)
+            for name in os.listdir(self.scratch):
+                if name.endswith(".jsonl"):
+                    shutil.copy(os.path.join(self.scratch, name), self.args.keep_logs)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
@@ -294,6 +299,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions per figure (default 5)")
     ap.add_argument("--only", default="", help=f"comma list of sections: {','.join(SECTIONS)}")
     ap.add_argument("--json", metavar="FILE", help="write every figure and raw sample to FILE")
+    ap.add_argument("--keep-logs", metavar="DIR", help="copy the runs' interval logs (--log) to DIR at the end")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error("--reps must be at least 1")

@@ -211,6 +211,27 @@ def test_the_tail_holds_the_counts_and_is_marked():
     assert "tail" not in json.loads(log.getvalue().splitlines()[-2])
 
 
+class _Trialling(Recorder):
+    """A policy whose last choice was a trial it has not judged yet (as the PPO policy's floor after
+    a cut): in the tail it asks for the count before it back."""
+
+    def tail_hold(self, current):
+        return (current[0], current[1], 6)
+
+
+def test_the_tail_ends_a_trial_the_policy_still_judges():
+    pol, applied, log = _Trialling(), [], io.StringIO()
+    c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, log_file=log)
+    c.start()
+    c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
+    c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20), now=11.0)
+    c.tail = True
+    rec = c.tick(_stats(2.0, 2 << 20, 0, 0, threads=(3, 3)), _rx(2 << 20), now=12.0)
+    assert len(pol.seen) == 1, "the policy was asked in the tail"
+    assert rec.next_threads == (3, 3, 6) and applied[-1] == (3, 3, 6)
+    assert json.loads(log.getvalue().splitlines()[-1])["tail"] is True
+
+
 def test_a_warm_start_holds_until_the_pipeline_delivers_a_cold_one_does_not(monkeypatch):
     """A history start is what the path needs: the first second, while the pipeline
     fills, and any interval before the receiver wrote something do not move it (the policy still

@@ -1,6 +1,7 @@
 """The floor under the PPO policy (agents/guard.py): a policy that comes to rest below the rate
 the transfer reached, its limiting stage busy, is lifted; a path that cannot give that rate again
-is not climbed; the guard cuts a count only to undo its own raise."""
+is not climbed; a stage over-provisioned behind a total limit is trimmed; the guard cuts a count
+only to undo its own raise or to trim."""
 from __future__ import annotations
 
 import random
@@ -19,13 +20,13 @@ def _obs(threads, tput, busy, dt=1.0):
                        interval_s=dt, busy_s=tuple(float(x) for x in busy), wait_s=(0.0, 0.0, 0.0))
 
 
-def _sim_run(schedule_then, start, steps, guard):
-    """Run the simulator on issue 10's read-bound path: the counts of ``start`` for 3 intervals
-    (they reach the path's rate), then a policy that always asks for ``schedule_then``."""
+def _sim_run(schedule_then, start, steps, guard, path=ISSUE_PATH):
+    """Run the simulator on ``path`` (issue 10's read-bound path): the counts of ``start`` for 3
+    intervals (they reach the path's rate), then a policy that always asks for ``schedule_then``."""
     from automdt.simulator.env import BufferSimEnv
 
-    env = BufferSimEnv(ISSUE_PATH.profile(0.0), random_start=False, episode_steps=steps + 1,
-                       chunk_bytes=float(ISSUE_PATH.chunk_size))
+    env = BufferSimEnv(path.profile(0.0), random_start=False, episode_steps=steps + 1,
+                       chunk_bytes=float(path.chunk_size))
     _, info = env.reset(seed=0, options={"threads": tuple(start)})
     delivered, threads = [], []
     nxt = tuple(start)
@@ -57,9 +58,11 @@ def test_a_policy_resting_below_the_rate_it_reached_is_lifted_in_the_simulator()
 
 
 def test_a_best_rate_the_path_no_longer_gives_is_not_climbed():
-    """A burst (a buffer draining) set the best at 100 MB/s for two intervals; the path gives 80 with 8 readers busy
-    under a total limit. The guard raises once, sees that the raise did not pay within JUDGE
-    intervals, takes the best down and drops the floor; it never raises again."""
+    """A burst (a buffer draining) set the best at 100 MB/s for two intervals; the path gives 80
+    (10 MB/s per reader, 80 in total) with 8 readers busy. The guard raises once, sees that the
+    raise did not pay within JUDGE intervals, takes the best down and drops the floor; it never
+    raises again. Its one check of the readers (8 -> 6: no evidence either way) loses rate and goes
+    back to 8 after one interval."""
     g = FloorGuard(32)
     for _ in range(2):
         g(_obs((8, 4, 4), (100 * MB, 100 * MB, 100 * MB), (8, 2, 2)), (8, 4, 4))
@@ -68,15 +71,18 @@ def test_a_best_rate_the_path_no_longer_gives_is_not_climbed():
     for _ in range(30):
         prev = outs[-1] if outs else (8, 4, 4)
         r = prev[0]
-        outs.append(g(_obs((r, 4, 4), (80 * MB, 80 * MB, 80 * MB), (r, 2, 2)), (8, 4, 4)))
+        rate = min(80, 10 * r) * MB
+        outs.append(g(_obs((r, 4, 4), (rate, rate, rate), (r, 2, 2)), (8, 4, 4)))
     assert g.raises == 1
     assert outs[PATIENCE - 1][0] == 10  # ceil(100 / (80 / 8))
     assert outs[PATIENCE + JUDGE - 1] == (8, 4, 4)  # undone
-    assert all(o == (8, 4, 4) for o in outs[PATIENCE + JUDGE - 1:]), outs
+    after = outs[PATIENCE + JUDGE - 1:]
+    assert all(o[0] <= 8 for o in after) and sum(o != (8, 4, 4) for o in after) == 1, outs
+    assert g.trims == 1 and g.trim_blocked == [True, False, False]
     assert g.best == pytest.approx(80 * MB)
 
 
-def test_the_guard_cuts_only_its_own_raise_and_passes_observations_without_busy_times():
+def test_the_guard_cuts_only_to_undo_its_raise_or_to_trim_and_passes_observations_without_busy_times():
     rng = random.Random(7)
     g = FloorGuard(16)
     for _ in range(500):
@@ -87,9 +93,10 @@ def test_the_guard_cuts_only_its_own_raise_and_passes_observations_without_busy_
         judging = g._judging
         out = g(_obs(threads, tput, busy), proposed)
         assert all(1 <= o <= 16 for o in out)
-        for s in range(3):  # below the policy's choice only to undo its own raise, to the count before it
+        for s in range(3):  # below the policy's choice only to undo its own raise (to the count before it) or at a ceiling
             if out[s] < proposed[s]:
-                assert judging is not None and judging[4][s] == out[s], (judging, proposed, out)
+                assert (judging is not None and judging[4][s] == out[s]) or out[s] == g.ceilings[s], \
+                    (judging, g.ceilings, proposed, out)
     plain = Observation(threads=(1, 1, 1), throughput_bps=(0.0, 0.0, 0.0), buffer_fill=(0.0, 0.0))
     assert g(plain, (3, 4, 5)) == (3, 4, 5)
 
@@ -141,7 +148,87 @@ def test_a_probe_on_a_total_limit_is_undone_and_not_repeated():
         notes.append(g.note)
         threads = outs[-1]
     # what the interval log's "guard" field says
-    assert [n for n in notes if n] == ["probe", "trial:probe", "trial:probe,undo"]
+    assert [n for n in notes if n and "probe" in n] == ["probe", "trial:probe", "trial:probe,undo"]
     assert g.probes == 1 and g.probe_blocked == [True, True, False]
     assert outs[PROBE_AFTER] == (10, 5, 2)  # the probe (after PROBE_AFTER + 1 intervals: best needs two)
-    assert all(o == (8, 4, 2) for o in outs[PROBE_AFTER + JUDGE:]), outs
+    # never above the counts before it again (this path's rate does not depend on them: the guard's
+    # checks cut them and keep what holds)
+    assert all(o[0] <= 8 and o[1] <= 4 for o in outs[PROBE_AFTER + JUDGE:]), outs
+
+
+def test_a_stage_over_provisioned_behind_a_total_limit_is_trimmed_in_the_simulator():
+    """The experiments' network-bound path (10 MB/s per connection, 80 MB/s in total, the CLI's
+    buffers and chunks): a policy that reached the rate with 8 connections and then asks for 16
+    (each added connection looks busy: the total limit shares the rate out) is cut back to within
+    one of the 8 that carry it, and the rate holds."""
+    from automdt.experiments.behaviour import min_threads_95, scenario_path
+
+    path = scenario_path("net", memory=256 * 2**20, chunk_size=4 * 2**20)
+    bare, bare_threads = _sim_run((3, 16, 3), (3, 8, 3), 30, None, path)
+    assert bare_threads[-1][1] == 16
+    g = FloorGuard(32)
+    got, threads = _sim_run((3, 16, 3), (3, 8, 3), 30, g, path)
+    need = min_threads_95(path)[1]
+    print(f"delivered MB/s {[round(d / MB) for d in got]}, connections {[t[1] for t in threads]}, trims {g.trims}")
+    assert g.trims >= 1
+    assert all(abs(t[1] - need) <= 1 for t in threads[-5:]), threads
+    assert all(d >= SHORTFALL * path.achievable_bps for d in got[-5:])
+
+
+def test_cuts_by_a_share_go_on_while_the_rate_holds_and_the_one_that_loses_it_goes_back():
+    """Sixteen readers share an 80 MB/s total limit (10 MB/s each at most), every one busy; the
+    policy then asks for 18 and the rate stays (threads added in vain). The guard cuts back to
+    the 16 that held the rate, it holds; then a third (to 11), it holds; a third again (to 8), it
+    holds; two more (to 6) lose a quarter of the rate: after one interval the stage goes back to
+    the 8 the rate needs at the rate per reader that cut measured, is capped there and not cut
+    again."""
+    g = FloorGuard(32)
+    outs, notes = [], []
+    r = 16
+    for i in range(40):
+        rate = min(80, 10 * r) * MB
+        outs.append(g(_obs((r, 2, 2), (rate, rate, rate), (r, 1, 1)), (16, 2, 2) if i < 4 else (18, 2, 2)))
+        notes.append(g.note)
+        r = outs[-1][0]
+    print(list(zip([o[0] for o in outs], notes)))
+    assert [n for n in notes if n and n != "trial:trim"] == ["trim", "trim", "trim", "trim", "trial:trim,undo"], notes
+    assert [o[0] for o, n in zip(outs, notes) if n == "trim"] == [16, 11, 8, 6]
+    assert all(o == (8, 2, 2) for o in outs[notes.index("trial:trim,undo"):]), outs
+    assert g.trim_blocked == [True, False, False] and g.ceilings[0] == 8
+
+
+def test_a_cut_still_on_trial_when_the_tail_begins_is_undone():
+    """The controller asks no policy in a run's tail: a cut decided just before it would stay
+    unjudged (on the engine: 7 writers for 10 at 70 MB/s of 80 for the last 7 s). ``end_trials``
+    gives the count before the cut back; with no trial running it changes nothing."""
+    g = FloorGuard(32)
+    r = 16
+    for i in range(12):
+        rate = min(80, 10 * r) * MB
+        out = g(_obs((r, 2, 2), (rate, rate, rate), (r, 1, 1)), (16, 2, 2) if i < 4 else (18, 2, 2))
+        r = out[0]
+        if g.note == "trim":
+            break
+    assert g.note == "trim" and g._trimming is not None
+    cut_from = g._trimming[1]
+    assert g.end_trials(out) == (cut_from, 2, 2) and g.ceilings[0] == 0
+    assert g.end_trials((5, 2, 2)) == (5, 2, 2)
+
+
+def test_a_cut_of_readers_is_judged_by_their_own_rate_not_by_what_a_full_buffer_still_delivers():
+    """Readers share a 96 MB/s total limit (10 MB/s each at most), the network delivers 80 MB/s
+    from a full sender buffer whatever the readers do. The policy adds two readers in vain (18);
+    the cuts to 15 (the need at the best rate per reader it saw, 6 MB/s, plus one) and 10 hold
+    (the readers still read 80 or more); the cut to 7 reads 70 while the buffer still delivers 80:
+    it is judged by the 70 and goes back to the 8 that read 80 at 10 each, plus one."""
+    g = FloorGuard(32)
+    outs, notes = [], []
+    r = 16
+    for i in range(60):
+        read = min(96, 10 * r) * MB
+        outs.append(g(_obs((r, 4, 4), (read, 80 * MB, 80 * MB), (r, 2, 2)), (16, 4, 4) if i < 4 else (18, 4, 4)))
+        notes.append(g.note)
+        r = outs[-1][0]
+    cuts = [o[0] for o, n in zip(outs, notes) if n == "trim"]
+    assert cuts == [15, 10, 7], (cuts, notes)
+    assert notes.count("trial:trim,undo") == 1 and outs[-1][0] == 9 and g.trim_blocked[0]
