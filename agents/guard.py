@@ -156,9 +156,9 @@ class FloorGuard:
         self.raises = 0
         """Raises so far (for logs and tests)."""
         self.note: Optional[str] = None
-        """What the last call did, for the interval log (``guard``): ``"raise"`` or ``"probe"``
-        (decided now), ``"trial:raise"``/``"trial:probe"`` (the interval that ended ran one, being
-        judged), with ``",undo"`` when it did not pay; None: nothing."""
+        """What the last call did, for the interval log (``guard``): ``"raise"``, ``"probe"`` or
+        ``"trim"`` (decided now), ``"trial:raise"``/``"trial:probe"``/``"trial:trim"`` (the interval
+        that ended ran one, being judged), with ``",undo"`` when it did not pay; None: nothing."""
         self.steady = 0
         self.rate_ref = [0.0, 0.0, 0.0]
         """Per stage, the best rate per busy thread (bytes/s) it held for two intervals in a row."""
@@ -176,10 +176,11 @@ class FloorGuard:
         self.ceiling_rate = [0.0, 0.0, 0.0]
         """Per stage, the delivered rate when its ceiling was set."""
         self.recent: List[float] = []
+        """The delivered rates of the last :data:`PROBE_AFTER` intervals."""
         self.recent_stage: List[Tuple[float, ...]] = []
         """Each stage's rate in the last :data:`PROBE_AFTER` intervals."""
         self.judged_stage: List[float] = []
-        """The delivered rates of the last :data:`PROBE_AFTER` intervals."""
+        """The cut stage's own rate in each interval of a cut's trial, as a share of its rate before."""
         self._trimming: Optional[Tuple[int, int, float, float, int]] = None
         """(the stage cut, its count before, the delivered rate before the cut, the stage's own rate
         before it, its floor before it)."""
@@ -204,8 +205,8 @@ class FloorGuard:
         self._prev_threads: Optional[Tuple[int, int, int]] = None
 
     def __call__(self, obs: Observation, proposed: Triple) -> Triple:
-        """The counts to run next: ``proposed`` (the policy's choice), raised where the guard acts
-        (or, when its last raise did not pay, that raise undone)."""
+        """The counts to run next: ``proposed`` (the policy's choice), raised or cut where the guard
+        acts (or, when its last move did not pay, that move undone)."""
         self.note = None
         if obs.busy_s is None:
             return proposed

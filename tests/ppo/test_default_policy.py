@@ -26,14 +26,15 @@ from tests.ppo.conftest import held_out_profiles
 SEEDS = (0, 1, 2)
 
 KNOWN_SHORTFALLS = {
-    ("within_one", "read-bound"): "settles at 11-12 readers where 10 do (0.98-0.99 of the oracle)",
-    ("settles", "write-bound"): "holds (2-3, 3, 10) where (2, 2, 8) reaches 95%",
+    ("settles", "write-bound"): "holds (2, 4, 8) where (2, 2, 8) reaches 95%: the writers settle, the network keeps 4",
 }
 """Issue 10 targets the shipped policy misses, as measured. The policy runs with its floor
 (agents/guard.py), as it does in ``simulate`` and ``transfer``. The bare policy (``AUTOMDT_GUARD=0``)
 missed more: net-bound 0.75-0.83 of the oracle with 9-10 connections where 13 do, write-bound
 17-18 writers where 15 do, and a six-interval dip (readers cut to 6-7) from (16, 5, 2) with a
-full sender buffer; with the floor's raises and probes those cases pass and are not listed."""
+full sender buffer; with the floor's raises and probes those cases pass and are not listed. Its trims
+(threads cut where a limit shares a stage's rate out) took two off: 11-12 readers where 10 do
+on the held-out read-bound path, and the write-bound path's writers (10 where 8 do)."""
 
 
 def _check(ok, key, detail):
