@@ -101,8 +101,10 @@ TRIM_SURPLUS = 2
 """Threads above what a busy stage's flow needs at its best rate per busy thread from which the
 guard trims it straight to that need plus one (one more is the settling tolerance the issue
 allows); also the fewest threads a trial cut takes away."""
-TRIM_SHARE = 1 / 3
-"""A trial cut takes this share of a busy stage's threads (at least :data:`TRIM_SURPLUS`)."""
+TRIM_SHARE = 1 / 4
+"""A trial cut takes this share of a busy stage's threads (at least :data:`TRIM_SURPLUS`): a cut
+that loses rate from ``g`` threads leaves ``g`` within ``max(2, g / 4) - 1`` of the need, so
+within one up to 11."""
 TRIM_MIN = 4
 """A stage with fewer threads is not trimmed."""
 TRIM_AFTER = 6
@@ -356,9 +358,11 @@ class FloorGuard:
             if n - (need + 1) >= TRIM_SURPLUS:
                 cuts.append(need + 1)  # to the need at the best rate per thread it held
             if self.futile[s] >= TRIM_SURPLUS:
-                cuts.append(int(obs.threads[s]) - self.futile[s])  # back to before the threads added in vain
+                # back to before the threads added in vain, a quarter at most (a ramp's adds can look vain
+                # against a best a draining buffer set)
+                cuts.append(max(int(obs.threads[s]) - self.futile[s], n - max(TRIM_SURPLUS, int(TRIM_SHARE * n))))
             if self.cut_held[s]:
-                cuts.append(n - max(TRIM_SURPLUS, int(TRIM_SHARE * n)))  # the last cut held: a third more
+                cuts.append(n - max(TRIM_SURPLUS, int(TRIM_SHARE * n)))  # the last cut held: a quarter more
             measured = self.floors[s] and not self.probed[s]  # a raise set it from a measured need
             if (not cuts and not self.checked[s] and not measured and self.rest[s] >= PROBE_AFTER
                     and int(obs.threads[s]) == would[s]):
@@ -386,9 +390,8 @@ class FloorGuard:
         held :data:`STEADY` of it and, for readers, their own rate in the last of them :data:`STEADY`
         of theirs before (at most the delivered rate) (the readers' own rate shows a cut of readers
         while a full buffer still feeds the network; the other stages' comes in chunk-sized lumps): the
-        ceiling stays and the stage is not probed again. Else the count to go back to: the threads
-        the stage's rate before needs at the rate per busy thread it just showed, plus one, at
-        most the count before the cut, and capped there (and the stage is not trimmed again)."""
+        ceiling stays and the stage is not probed again. Else the count to go back to: the count
+        before the cut, capped there (and the stage is not trimmed again)."""
         assert self._trimming is not None
         s, n, before, before_s, floor = self._trimming
         held = delivered / before if before > 0 else 1.0
@@ -405,16 +408,11 @@ class FloorGuard:
             self.ceiling_rate[s] = before
             return None
         self.trim_blocked[s] = True
-        per_thread = _per_thread(obs, s)
-        back = n
-        if per_thread > 0 and _utilization(obs, s) >= BUSY:
-            self.rate_ref[s] = max(self.rate_ref[s], per_thread)
-            back = max(int(obs.threads[s]) + 1, min(n, math.ceil(before_s / per_thread) + 1))
-        self.ceilings[s] = back  # a raise that needs more there lifts it
-        self.floors[s] = floor
-        self.ceiling_rate[s] = before
+        # back to n (the rate per thread the cut showed is no guide: the cut threads' chunks land in
+        # it), capped there; a raise that needs more lifts the cap
+        self.ceilings[s], self.floors[s], self.ceiling_rate[s] = n, floor, before
         undo = [0, 0, 0]
-        undo[s] = back
+        undo[s] = n
         return tuple(undo)
 
     def end_trials(self, current: Triple) -> Triple:

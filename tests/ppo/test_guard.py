@@ -178,9 +178,9 @@ def test_a_stage_over_provisioned_behind_a_total_limit_is_trimmed_in_the_simulat
 def test_cuts_by_a_share_go_on_while_the_rate_holds_and_the_one_that_loses_it_goes_back():
     """Sixteen readers share an 80 MB/s total limit (10 MB/s each at most), every one busy; the
     policy then asks for 18 and the rate stays (threads added in vain). The guard cuts back to
-    the 16 that held the rate, it holds; then a third (to 11), it holds; a third again (to 8), it
-    holds; two more (to 6) lose a quarter of the rate: after one interval the stage goes back to
-    the 8 the rate needs at the rate per reader that cut measured, is capped there and not cut
+    the 16 that held the rate, it holds; then a quarter (to 12), it holds; a quarter again (to 9),
+    it holds; two more (to 7) lose an eighth of the rate: after one interval the stage goes back
+    to the 9 it had (within one of the 8 that carry the rate), is capped there and not cut
     again."""
     g = FloorGuard(32)
     outs, notes = [], []
@@ -192,9 +192,9 @@ def test_cuts_by_a_share_go_on_while_the_rate_holds_and_the_one_that_loses_it_go
         r = outs[-1][0]
     print(list(zip([o[0] for o in outs], notes)))
     assert [n for n in notes if n and n != "trial:trim"] == ["trim", "trim", "trim", "trim", "trial:trim,undo"], notes
-    assert [o[0] for o, n in zip(outs, notes) if n == "trim"] == [16, 11, 8, 6]
-    assert all(o == (8, 2, 2) for o in outs[notes.index("trial:trim,undo"):]), outs
-    assert g.trim_blocked == [True, False, False] and g.ceilings[0] == 8
+    assert [o[0] for o, n in zip(outs, notes) if n == "trim"] == [16, 12, 9, 7]
+    assert all(o == (9, 2, 2) for o in outs[notes.index("trial:trim,undo"):]), outs
+    assert g.trim_blocked == [True, False, False] and g.ceilings[0] == 9
 
 
 def test_a_cut_still_on_trial_when_the_tail_begins_is_undone():
@@ -218,9 +218,9 @@ def test_a_cut_still_on_trial_when_the_tail_begins_is_undone():
 def test_a_cut_of_readers_is_judged_by_their_own_rate_not_by_what_a_full_buffer_still_delivers():
     """Readers share a 96 MB/s total limit (10 MB/s each at most), the network delivers 80 MB/s
     from a full sender buffer whatever the readers do. The policy adds two readers in vain (18);
-    the cuts to 15 (the need at the best rate per reader it saw, 6 MB/s, plus one) and 10 hold
+    the cuts to 15 (the need at the best rate per reader it saw, 6 MB/s, plus one), 12 and 9 hold
     (the readers still read 80 or more); the cut to 7 reads 70 while the buffer still delivers 80:
-    it is judged by the 70 and goes back to the 8 that read 80 at 10 each, plus one."""
+    it is judged by the 70 and goes back to the 9 it had."""
     g = FloorGuard(32)
     outs, notes = [], []
     r = 16
@@ -230,5 +230,5 @@ def test_a_cut_of_readers_is_judged_by_their_own_rate_not_by_what_a_full_buffer_
         notes.append(g.note)
         r = outs[-1][0]
     cuts = [o[0] for o, n in zip(outs, notes) if n == "trim"]
-    assert cuts == [15, 10, 7], (cuts, notes)
+    assert cuts == [15, 12, 9, 7], (cuts, notes)
     assert notes.count("trial:trim,undo") == 1 and outs[-1][0] == 9 and g.trim_blocked[0]
