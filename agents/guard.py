@@ -175,6 +175,10 @@ class FloorGuard:
         self.trim_blocked = [False, False, False]
         """Stages a trim did not pay for: not trimmed again in this transfer."""
         self.lift = [0, 0, 0]
+        self.lumps: List[List[bool]] = [[], [], []]
+        """Per stage, whether each recent interval was short while the stage sat at its cap."""
+        self.spared = [False, False, False]
+        """Stages given one thread over their cap for the lumps of too few threads (once)."""
         self.ceiling_rate = [0.0, 0.0, 0.0]
         """Per stage, the delivered rate when its ceiling was set."""
         self.recent: List[float] = []
@@ -434,6 +438,15 @@ class FloorGuard:
             self.lift[s] = self.lift[s] + 1 if full else 0
             if self.lift[s] >= PATIENCE:
                 self.ceilings[s] = 0
+            # at its cap, busy: short intervals come from the lumps of too few threads (chunks end
+            # together); PATIENCE of them within 2 * PROBE_AFTER intervals give the stage one more
+            at_cap = (self.ceilings[s] and self._trimming is None and int(obs.threads[s]) >= self.ceilings[s]
+                      and _utilization(obs, s) >= BUSY)
+            self.lumps[s] = (self.lumps[s] + [at_cap and delivered < SHORTFALL * self.best])[-2 * PROBE_AFTER:]
+            if at_cap and not self.spared[s] and sum(self.lumps[s]) >= PATIENCE and self.ceilings[s] < self.max_threads:
+                self.ceilings[s] += 1
+                self.floors[s] = max(self.floors[s], self.ceilings[s])
+                self.spared[s] = True
 
     def _need(self, obs: Observation, s: int) -> int:
         """Threads stage ``s`` needs to carry the best rate, if it limits the transfer; else 0."""
