@@ -232,3 +232,20 @@ def test_a_cut_of_readers_is_judged_by_their_own_rate_not_by_what_a_full_buffer_
     cuts = [o[0] for o, n in zip(outs, notes) if n == "trim"]
     assert cuts == [15, 12, 9, 7], (cuts, notes)
     assert notes.count("trial:trim,undo") == 1 and outs[-1][0] == 9 and g.trim_blocked[0]
+
+
+def test_a_stage_at_its_cap_whose_intervals_come_in_lumps_gets_one_thread_more_once():
+    """Writers at 10 MB/s each under an 80 MB/s total limit, the policy asking for 12: the cuts
+    bring them to 8, where the rate holds on average but every other interval is short (chunks
+    end together: 66 and 90 MB/s). After two short intervals at the cap the guard gives the
+    writers one more (9) and keeps it; it does so once."""
+    g = FloorGuard(32)
+    w, outs = 12, []
+    for i in range(60):
+        rate = min(80, 10 * w) * MB
+        if w <= 8:
+            rate = (66 if i % 2 else 90) * MB  # lumps at exactly the threads the rate needs
+        outs.append(g(_obs((2, 2, w), (rate, rate, rate), (1, 1, w)), (2, 2, 12)))
+        w = outs[-1][2]
+    assert min(o[2] for o in outs) <= 8, outs  # the cuts got there
+    assert g.spared[2] and all(o[2] == 9 for o in outs[-10:]), outs
