@@ -440,8 +440,8 @@ class FloorGuard:
                 self.ceilings[s] = 0
             # at its cap, busy: short intervals come from the lumps of too few threads (chunks end
             # together); PATIENCE of them within 2 * PROBE_AFTER intervals give the stage one more
-            at_cap = (self.ceilings[s] and self._trimming is None and int(obs.threads[s]) >= self.ceilings[s]
-                      and _utilization(obs, s) >= BUSY)
+            at_cap = bool(self.ceilings[s] and self._trimming is None and int(obs.threads[s]) >= self.ceilings[s]
+                          and _utilization(obs, s) >= BUSY)
             self.lumps[s] = (self.lumps[s] + [at_cap and delivered < SHORTFALL * self.best])[-2 * PROBE_AFTER:]
             if at_cap and not self.spared[s] and sum(self.lumps[s]) >= PATIENCE and self.ceilings[s] < self.max_threads:
                 self.ceilings[s] += 1
