@@ -40,18 +40,18 @@ Behind such a limit the policy itself over-provisions: every thread it adds look
 nothing it observes says the thread was useless (on the engine's network-bound path, 80 MB/s in
 total at 10 MB/s per connection, it added connections one at a time to 14-18 where 8 carry the
 rate; in the simulator, started at 14 or 32 connections, it stays there). After
-:data:`PROBE_AFTER` intervals at :data:`SHORTFALL` or more of the best rate the guard *trims* such a stage, all its threads busy and
-:data:`TRIM_SURPLUS` or more above the threads its flow needs at the best rate per busy thread it
-held, to that need plus one, or else (no such rate known: the policy went there straight from a
-few threads) by :data:`TRIM_SHARE`, and caps the policy's choice there (a *ceiling*). Each cut is
-judged: kept if the next :data:`JUDGE` intervals hold :data:`STEADY` of the delivered rate and of
-the stage's own rate (then, after :data:`PROBE_AFTER` more steady intervals, the next cut);
-otherwise, after one interval if the rate fell below :data:`SHORTFALL`, the stage goes back to the
-threads the rate needs at the rate per busy thread the cut showed, plus one (at most its count
-before the cut), and is not trimmed again. A stage whose cut held is not probed. A ceiling is
-lifted when, the stage busy, the transfer delivers :data:`LIFT` times what it did when the ceiling
-was set, for :data:`PATIENCE` intervals (the limit went away: the path may give more), or when a raise needs
-more threads there.
+:data:`PROBE_AFTER` intervals at :data:`SHORTFALL` or more of the best rate (and not before the
+:data:`TRIM_AFTER`-th) the guard *trims* a busy stage the evidence says has threads to spare: to the
+need at the best rate per busy thread it held plus one, back over threads the policy added without
+gain, a :data:`TRIM_SHARE` more after a cut that held, or, with no evidence either way, by
+:data:`TRIM_SURPLUS` once on a count at rest; and caps the policy's choice there (a *ceiling*).
+Each cut is judged: kept if the next :data:`JUDGE` intervals hold :data:`STEADY` of the delivered
+rate (for readers, their own rate too: a full buffer hides their cut); otherwise, after one
+interval if it lost more, the stage goes back to its count before the cut, capped there, and is not
+trimmed again. A stage whose cut held is not probed. A ceiling is lifted when, the stage busy, the
+transfer delivers :data:`LIFT` times what it did when the ceiling was set, for :data:`PATIENCE`
+intervals (the limit went away: the path may give more), or when a raise needs more threads
+there; a stage at its ceiling whose intervals come short in lumps gets one thread over it, once.
 
 The guard reads only the :class:`~automdt.policy_contract.Observation` (throughputs, threads,
 busy thread-seconds), which the simulator and the live engine both produce, so ``simulate`` and
@@ -181,10 +181,8 @@ class FloorGuard:
         """Stages given one thread over their cap for the lumps of too few threads (once)."""
         self.ceiling_rate = [0.0, 0.0, 0.0]
         """Per stage, the delivered rate when its ceiling was set."""
-        self.recent: List[float] = []
-        """The delivered rates of the last :data:`PROBE_AFTER` intervals."""
         self.recent_stage: List[Tuple[float, ...]] = []
-        """Each stage's rate in the last :data:`PROBE_AFTER` intervals."""
+        """Each stage's rate in the last :data:`PROBE_AFTER` intervals (the last is the delivered rate)."""
         self.judged_stage: List[float] = []
         """The cut stage's own rate in each interval of a cut's trial, as a share of its rate before."""
         self._trimming: Optional[Tuple[int, int, float, float, int]] = None
@@ -219,7 +217,6 @@ class FloorGuard:
         delivered = float(obs.throughput_bps[2])
         self.intervals += 1
         last, self.last = self.last, delivered
-        self.recent = (self.recent + [delivered])[-PROBE_AFTER:]
         self.recent_stage = (self.recent_stage + [tuple(float(x) for x in obs.throughput_bps)])[-PROBE_AFTER:]
         self._learn_rates(obs)
         self._count_futile(obs, delivered)
@@ -340,20 +337,22 @@ class FloorGuard:
                 self.futile[s] += 0 if gain else added
 
     def _trim(self, obs: Observation, proposed: Triple) -> bool:
-        """Steady: cut a busy stage (at least :data:`TRIM_MIN` threads, not blocked) that the
-        evidence says has threads to spare: :data:`TRIM_SURPLUS` or more above what its flow needs
-        at the best rate per busy thread it held (cut to that need plus one), or threads added
-        without gain (:data:`TRIM_SURPLUS` or more: back to the count before them), or a cut
-        before that held (cut by
-        :data:`TRIM_SHARE`, at least :data:`TRIM_SURPLUS`); cap it there while the cut is judged.
+        """Steady: cut a busy stage (at least :data:`TRIM_MIN` threads, not blocked, carrying what
+        is delivered) that the evidence says has threads to spare: :data:`TRIM_SURPLUS` or more
+        above what its flow needs at the best rate per busy thread it held (cut to that need plus
+        one), threads added without gain (:data:`TRIM_SURPLUS` or more: back to the count before
+        them, :data:`TRIM_SHARE` at most), a cut before that held (:data:`TRIM_SHARE` more), or
+        else once, on a count at rest that no raise of the guard measured, :data:`TRIM_SURPLUS`;
+        every cut takes at least :data:`TRIM_SURPLUS`. Cap it there while the cut is judged.
         Returns whether it cut (then no probe this interval)."""
         best: Optional[Tuple[int, int, int]] = None
         would = self._floored(proposed)
+        delivered_before = statistics.median(r[2] for r in self.recent_stage)  # a burst (a buffer draining) is not the rate
         for s in range(3):
             n = max(int(obs.threads[s]), would[s])
             if self.trim_blocked[s] or n < TRIM_MIN or _utilization(obs, s) < BUSY:
                 continue
-            if statistics.median(r[s] for r in self.recent_stage) < STEADY * statistics.median(self.recent):
+            if statistics.median(r[s] for r in self.recent_stage) < STEADY * delivered_before:
                 continue  # it carries less than is delivered: a buffer drains, it is short, not spare
             ref = self.rate_ref[s]
             flow = min(float(obs.throughput_bps[s]), float(obs.throughput_bps[2]))  # a lump of chunks is no flow
@@ -361,12 +360,13 @@ class FloorGuard:
             cuts = []
             if n - (need + 1) >= TRIM_SURPLUS:
                 cuts.append(need + 1)  # to the need at the best rate per thread it held
+            quarter = n - max(TRIM_SURPLUS, int(TRIM_SHARE * n))
             if self.futile[s] >= TRIM_SURPLUS:
                 # back to before the threads added in vain, a quarter at most (a ramp's adds can look vain
                 # against a best a draining buffer set)
-                cuts.append(max(int(obs.threads[s]) - self.futile[s], n - max(TRIM_SURPLUS, int(TRIM_SHARE * n))))
+                cuts.append(max(int(obs.threads[s]) - self.futile[s], quarter))
             if self.cut_held[s]:
-                cuts.append(n - max(TRIM_SURPLUS, int(TRIM_SHARE * n)))  # the last cut held: a quarter more
+                cuts.append(quarter)  # the last cut held: a quarter more
             measured = self.floors[s] and not self.probed[s]  # a raise set it from a measured need
             if (not cuts and not self.checked[s] and not measured and self.rest[s] >= PROBE_AFTER
                     and int(obs.threads[s]) == would[s]):
@@ -381,9 +381,8 @@ class FloorGuard:
         self.ceilings[s], self.floors[s], self.futile[s], self.checked[s] = m, 0, 0, True
         self.steady = self.calm = 0
         self.trims += 1
-        before = statistics.median(self.recent)  # a burst (a buffer draining) is not the rate
-        own = min(before, statistics.median(r[s] for r in self.recent_stage))  # readers may run ahead
-        self._trimming = (s, n, before, own, floor)
+        own = min(delivered_before, statistics.median(r[s] for r in self.recent_stage))  # readers may run ahead
+        self._trimming = (s, n, delivered_before, own, floor)
         self.judged, self.judged_stage = [], []
         self.note = "trim" if self.note is None else f"{self.note},trim"
         return True
