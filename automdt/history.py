@@ -27,7 +27,9 @@ File format (JSON, one object)::
 ``settled``: the most frequent (read, net, write) triple over the run's second half (the run's
 tail, when the source is read and the buffers drain, the last interval before it and the
 intervals that tried a probe of the policy's floor left out; ties go to the latest); ``rates_bps``: bytes per busy thread-second of each
-stage over the same intervals (the per-thread rates, as ``automdt explore`` measures them);
+stage over the same intervals (the per-thread rates, as ``automdt explore`` measures them), counting
+only intervals that ran the stage at the count of the interval before (an interval right after a
+change measures the change; :func:`_rate_per_busy_thread`);
 ``throughput_bps``: the median end-to-end (write) rate over them.
 """
 from __future__ import annotations
@@ -180,15 +182,35 @@ def record_from_intervals(records: Sequence[Any], *, policy: str = "", max_threa
     counts = Counter(triples)
     best = max(counts.values())
     settled = next(t for t in reversed(triples) if counts[t] == best)  # ties: the latest
-    rates = []
-    for i in range(len(STAGES)):
-        busy = sum(r.busy_s[i] for r in window)
-        moved = sum(float(r.bytes[i]) for r in window)
-        rates.append(moved / busy if busy > 0 else 0.0)
+    rates = [_rate_per_busy_thread(recs, window, i) for i in range(len(STAGES))]
     tput = statistics.median(r.throughput[2] for r in window)
     return JobRecord(settled=settled, rates_bps=tuple(rates), throughput_bps=float(tput),  # type: ignore[arg-type]
                      intervals=len(recs), policy=policy, max_threads=int(max_threads),
                      runs=(previous.runs + 1) if previous else 1, updated=time.time(), job=job, src=src, dest=dest)
+
+
+def _rate_per_busy_thread(recs: Sequence[IntervalRecord], window: Sequence[IntervalRecord], stage: int) -> float:
+    """Bytes per busy thread-second of ``stage``, from the intervals that ran it at the count of
+    the interval before: those of ``window``, else those of the whole run before its tail, else
+    ``window`` as it is.
+
+    An interval right after the count changed measures the change, not the threads: a chunk's
+    bytes count when it ends, and a thread paced at 10 MB/s holds a 4 MiB chunk for 0.42 s. After
+    a cut from 32 readers to 10 the chunks of the 22 leaving threads end in the next interval, so
+    its bytes per busy thread-second was 18 MB/s on a path of 10; after a raise the new threads are
+    busy before their first chunk counts. On issue 10's warm path a short job's window held such
+    intervals and no other: the run measured 13.8 MB/s per reader and 9.4 per connection, and its
+    next run started at 7 readers for 80 MB/s (10 MB/s each) and 10 connections."""
+    before = {id(r): recs[k - 1] for k, r in enumerate(recs) if k}
+
+    def held(rs: Sequence[IntervalRecord]) -> List[IntervalRecord]:
+        return [r for r in rs if id(r) in before and before[id(r)].threads[stage] == r.threads[stage]]
+
+    for rs in (held(window), held([r for r in recs if not r.extra.get("tail")]), window):
+        busy = sum(r.busy_s[stage] for r in rs)
+        if busy > 0:
+            return sum(float(r.bytes[stage]) for r in rs) / busy
+    return 0.0
 
 
 def update(path: Path, records: Sequence[Any], *, previous: Optional[JobRecord], **kw: Any) -> Optional[str]:

@@ -111,6 +111,35 @@ def test_record_from_intervals():
     assert rec.rates_bps == (10 * MB / 8.0, 10 * MB / 2.0, 10 * MB / 0.5)
 
 
+def test_rates_count_only_intervals_at_a_held_count():
+    """An interval right after a stage's count changed measures the change: after a cut from 32
+    readers to 10 the leaving threads' chunks end in it (bytes without their busy time). Issue
+    10's warm path: a 10 s job measured 13.8 MB/s per reader of 10 and started its next run at
+    7 readers for 80 MB/s."""
+    def iv(threads, read_mb, read_busy, **extra):
+        return {"threads": dict(zip(("read", "net", "write"), threads)),
+                "bytes": {"read": read_mb * MB, "net": 80 * MB, "write": 80 * MB},
+                "busy_s": {"read": read_busy, "net": 3.0, "write": 2.0},
+                "throughput": {"read": read_mb * MB, "net": 8e7, "write": 8e7}, **extra}
+
+    run = [iv((4, 2, 8), 17, 2.0), iv((32, 3, 2), 17, 13.7),  # readers start, nothing counted yet
+           iv((10, 3, 2), 201, 11.0),  # the cut: the 22 leaving readers' chunks end here
+           iv((7, 3, 2), 90, 7.0), iv((7, 3, 2), 70, 7.0), iv((7, 3, 2), 72, 7.2),
+           iv((7, 3, 2), 0, 0.0, tail=True)]
+    rec = history.record_from_intervals(run)
+    assert rec.settled == (7, 3, 2)
+    assert rec.rates_bps[0] == pytest.approx(10 * MB)  # the window's one held interval
+    assert history.start_threads(rec)[0] == 9  # 8 readers carry 80 MB/s; one over for the first second
+    # over the whole window (the second half before the tail, its last left out) it read 14.4
+    naive = sum(r["bytes"]["read"] for r in run[2:5]) / sum(r["busy_s"]["read"] for r in run[2:5])
+    assert naive > 14 * MB
+    # a window whose every interval changed the count: the run's held intervals before the tail
+    changing = [iv((4, 2, 8), 17, 2.0), iv((12, 3, 2), 120, 12.0), iv((12, 3, 2), 120, 12.0),
+                iv((32, 3, 2), 17, 13.7), iv((10, 3, 2), 201, 11.0), iv((7, 3, 2), 90, 7.0),
+                iv((8, 3, 2), 70, 8.0), iv((9, 3, 2), 85, 9.0), iv((9, 3, 2), 0, 0.0, tail=True)]
+    assert history.record_from_intervals(changing).rates_bps[0] == pytest.approx(10 * MB)
+
+
 # ----------------------------------------------------------------------------- the rules
 class _PPOLike:
     name = "ppo:x"
