@@ -362,6 +362,9 @@ class _Transfer:
         """Planned files not yet activated (manifest indices)."""
         self.active: Dict[int, float] = {}
         """Files open on the receiver and fed to the engine, with when they were activated."""
+        self.pending_bytes = 0
+        """Sizes of the files in :attr:`pending`: with :attr:`bytes_queued`, less what the receiver
+        wrote, what the run has still to deliver (:attr:`Controller.to_deliver`)."""
         self.bytes_queued = 0
         """Bytes of the ranges fed to the engine: once no file is pending and the readers have read
         as much, the source is read to the end and the run is in its tail (:attr:`Controller.tail`)."""
@@ -556,6 +559,7 @@ class _Transfer:
                     self.summary.files_transferred += 1
                 elif action == "send":
                     self.pending.append(fid)
+                    self.pending_bytes += f.size
                     self.summary.bytes_to_send += f.size
                 else:
                     self.summary.files_failed += 1
@@ -623,6 +627,8 @@ class _Transfer:
             st = self.engine.stats()
             written = self._watch(st, now)
             ctrl.tail = not self.pending and st.read.bytes >= self.bytes_queued
+            rx = self.receiver_stats
+            ctrl.to_deliver = None if rx is None else max(0, self.bytes_queued + self.pending_bytes - rx.write.bytes)
             ctrl.tick(st, self.receiver_stats, now)
             self._report(ctrl, written)
             time.sleep(self._pause(now))
@@ -735,6 +741,7 @@ class _Transfer:
         if room <= 0 or not self.pending:
             return
         ids = [self.pending.popleft() for _ in range(min(room, ACTIVATE_BATCH, len(self.pending)))]
+        self.pending_bytes -= sum(self.m.files[i].size for i in ids)
         reply = self.ctl.call(protocol.Activate(ids))
         for fid, action, ranges in reply.files:
             f = self.m.files[fid]
@@ -811,6 +818,7 @@ class _Transfer:
         was_active = self.active.pop(fid, None) is not None
         if not was_active and fid in self.pending:
             self.pending.remove(fid)
+            self.pending_bytes -= self.m.files[fid].size
         if was_active and self.engine is not None:
             try:
                 self.engine.cancel_file(fid)  # its queued chunks are dropped, nothing more is sent

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import os
 import json
 
 from automdt.controller import Controller
@@ -209,6 +210,61 @@ def test_the_tail_holds_the_counts_and_is_marked():
     assert rec.next_threads == (3, 3, 4) and applied[-1] == (3, 3, 4) and len(applied) == 2
     assert json.loads(log.getvalue().splitlines()[-1])["tail"] is True
     assert "tail" not in json.loads(log.getvalue().splitlines()[-2])
+
+
+def test_the_counts_hold_while_what_is_left_is_written_within_an_interval():
+    """``to_deliver`` (the sender's bytes left to write at the destination) under one
+    ``interval_s`` at the interval's write rate: the run is ending, the policy is not asked (a
+    change has no time to pay back; the PPO policy's first call imports numpy), the records say
+    ``"ending": true``. More left, or unknown: the policy is asked."""
+    pol, applied, log = Recorder(), [], io.StringIO()
+    c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, log_file=log)
+    c.start()
+    c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
+    c.to_deliver = 3 << 20  # 3 MiB left at 1 MiB/s: three intervals of writing
+    c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20), now=11.0)
+    assert len(pol.seen) == 1 and c.threads == (3, 3, 4)
+    c.to_deliver = (1 << 20) - 1  # less than this interval's 1 MiB/s writes in one
+    rec = c.tick(_stats(2.0, 2 << 20, 0, 0, threads=(3, 3)), _rx(2 << 20), now=12.0)
+    assert len(pol.seen) == 1, "the policy was asked with under an interval of writing left"
+    assert rec.next_threads == (3, 3, 4) and len(applied) == 2
+    last = json.loads(log.getvalue().splitlines()[-1])
+    assert last["ending"] is True and "tail" not in last
+    assert "ending" not in json.loads(log.getvalue().splitlines()[-2])
+    c.to_deliver = 2 << 20  # the readers may be done: what counts is what is left to write
+    c.tick(_stats(3.0, 2 << 20, 0, 0, threads=(3, 3)), _rx(3 << 20), now=13.0)
+    assert len(pol.seen) == 2
+    c.to_deliver = None  # unknown: asked
+    c.tick(_stats(4.0, 3 << 20, 0, 0, threads=(3, 3)), _rx(4 << 20), now=14.0)
+    assert len(pol.seen) == 3
+
+
+def test_the_sender_tells_the_controller_what_is_left_to_deliver(tmp_path, monkeypatch):
+    """A real local transfer: at every interval the controller's ``to_deliver`` is the bytes to
+    send less what the receiver has written, from all of it to nothing."""
+    from automdt import controller as ctl
+    from automdt.sender import TransferOptions, run_transfer
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"f{i}.bin").write_bytes(os.urandom(1 << 20))
+    seen = []
+    tick = ctl.Controller.tick
+
+    def spy(self, sender_stats, receiver_stats, *a, **kw):
+        if receiver_stats is not None and not kw.get("final"):
+            seen.append((self.to_deliver, receiver_stats.write.bytes))
+        return tick(self, sender_stats, receiver_stats, *a, **kw)
+
+    monkeypatch.setattr(ctl.Controller, "tick", spy)
+    o = TransferOptions(threads=(2, 2, 2), memory=1 << 20, chunk_size=256 << 10, interval_s=0.1,
+                        throttle={"read": (0.0, 3e6)})  # 6 MiB at 3 MB/s: about 2 s
+    s = run_transfer(str(src), str(tmp_path / "dst"), o)
+    assert s.exit_code == 0 and s.files_transferred == 6
+    total = 6 << 20
+    assert len(seen) > 5 and all(left is not None and left + written == total for left, written in seen), seen[:5]
+    assert seen[0][0] > total // 2 and min(left for left, _ in seen) < total // 4
 
 
 class _Trialling(Recorder):
