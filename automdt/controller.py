@@ -80,7 +80,9 @@ class Controller:
         self.to_deliver: Optional[int] = None
         """Set by the sender: bytes the run has still to write at the destination (None: unknown).
         While they would be written within one ``interval_s`` at the last interval's write rate,
-        the policy is not asked either (:meth:`tick`: the run is ending)."""
+        the policy is not asked either (:meth:`tick`: the run is ending; ``AUTOMDT_END_HOLD=0``
+        turns that off, for comparisons)."""
+        self.end_hold = _env_on("AUTOMDT_END_HOLD")
         self.annotations: Dict[str, Any] = {}
         """Fields added to every interval record from now on (the sender sets ``throttle``, the
         throttle spec in force at the end of the interval)."""
@@ -190,7 +192,8 @@ class Controller:
         fill = (_frac(sender_stats.buffer), _frac(rbuf))
         busy_s, wait_s = stage_times(d)
         ran = self.running(sender_stats, receiver_stats)
-        ending = self.to_deliver is not None and tput[2] > 0 and self.to_deliver < tput[2] * self.interval_s
+        ending = (self.end_hold and self.to_deliver is not None and tput[2] > 0
+                  and self.to_deliver < tput[2] * self.interval_s)
         obs = Observation(threads=ran, throughput_bps=tput, buffer_fill=fill, interval_s=dt,
                           max_threads=self.max_threads, loss=loss,
                           buffer_bytes=(int(sender_stats.buffer.capacity_bytes), int(rbuf.capacity_bytes) if rbuf else 0),
@@ -296,6 +299,13 @@ def default_early_intervals(policy: Any, interval_s: float) -> Tuple[float, ...]
             raise ValueError(f"AUTOMDT_EARLY_INTERVALS={env!r}: expected fractions such as 0.5,0.5") from None
         fractions = tuple(f for f in fractions if f > 0)
     return tuple(min(1.0, f) * interval_s for f in fractions)
+
+
+def _env_on(name: str) -> bool:
+    """A switch the environment may turn off (``0`` or empty) for comparisons; on by default."""
+    import os
+
+    return os.environ.get(name, "1").strip() not in ("0", "")
 
 
 def _busy(sender_stats: "SenderStats", receiver_stats: Optional["ReceiverStats"]) -> Tuple[float, ...]:

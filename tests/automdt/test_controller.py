@@ -239,6 +239,17 @@ def test_the_counts_hold_while_what_is_left_is_written_within_an_interval():
     assert len(pol.seen) == 3
 
 
+def test_the_end_hold_can_be_turned_off_for_comparisons(monkeypatch):
+    monkeypatch.setenv("AUTOMDT_END_HOLD", "0")
+    pol = Recorder()
+    c = Controller(pol, lambda t: None, interval_s=1.0, max_threads=8)
+    c.start()
+    c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
+    c.to_deliver = 1  # one byte left: ending, were the hold on
+    rec = c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20), now=11.0)
+    assert len(pol.seen) == 1 and "ending" not in rec.extra
+
+
 def test_the_sender_tells_the_controller_what_is_left_to_deliver(tmp_path, monkeypatch):
     """A real local transfer: at every interval the controller's ``to_deliver`` is the bytes to
     send less what the receiver has written, from all of it to nothing."""
