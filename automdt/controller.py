@@ -14,6 +14,7 @@ counts started and why (:mod:`automdt.start`).
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -82,7 +83,7 @@ class Controller:
         While they would be written within one ``interval_s`` at the last interval's write rate,
         the policy is not asked either (:meth:`tick`: the run is ending; ``AUTOMDT_END_HOLD=0``
         turns that off, for comparisons)."""
-        self.end_hold = _env_on("AUTOMDT_END_HOLD")
+        self.end_hold = os.environ.get("AUTOMDT_END_HOLD", "1").strip() not in ("0", "")
         self.annotations: Dict[str, Any] = {}
         """Fields added to every interval record from now on (the sender sets ``throttle``, the
         throttle spec in force at the end of the interval)."""
@@ -283,8 +284,6 @@ def default_early_intervals(policy: Any, interval_s: float) -> Tuple[float, ...]
     the baselines (their papers' fixed intervals). The environment variable
     ``AUTOMDT_EARLY_INTERVALS`` overrides the fractions (``0.5,0.5``; ``""`` or ``0``: none), for
     comparisons."""
-    import os
-
     from automdt.start import takes_start
 
     if not takes_start(policy):
@@ -299,13 +298,6 @@ def default_early_intervals(policy: Any, interval_s: float) -> Tuple[float, ...]
             raise ValueError(f"AUTOMDT_EARLY_INTERVALS={env!r}: expected fractions such as 0.5,0.5") from None
         fractions = tuple(f for f in fractions if f > 0)
     return tuple(min(1.0, f) * interval_s for f in fractions)
-
-
-def _env_on(name: str) -> bool:
-    """A switch the environment may turn off (``0`` or empty) for comparisons; on by default."""
-    import os
-
-    return os.environ.get(name, "1").strip() not in ("0", "")
 
 
 def _busy(sender_stats: "SenderStats", receiver_stats: Optional["ReceiverStats"]) -> Tuple[float, ...]:

@@ -201,12 +201,8 @@ def _rate_per_busy_thread(recs: Sequence[IntervalRecord], window: Sequence[Inter
     busy before their first chunk counts. On issue 10's warm path a short job's window held such
     intervals and no other: the run measured 13.8 MB/s per reader and 9.4 per connection, and its
     next run started at 7 readers for 80 MB/s (10 MB/s each) and 10 connections."""
-    before = {id(r): recs[k - 1] for k, r in enumerate(recs) if k}
-
-    def held(rs: Sequence[IntervalRecord]) -> List[IntervalRecord]:
-        return [r for r in rs if id(r) in before and before[id(r)].threads[stage] == r.threads[stage]]
-
-    for rs in (held(window), held([r for r in recs if not r.extra.get("tail")]), window):
+    held = {id(b) for a, b in zip(recs, recs[1:]) if a.threads[stage] == b.threads[stage]}
+    for rs in ([r for r in window if id(r) in held], [r for r in recs if id(r) in held and not r.extra.get("tail")], window):
         busy = sum(r.busy_s[stage] for r in rs)
         if busy > 0:
             return sum(float(r.bytes[stage]) for r in rs) / busy

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import io
-import os
 import json
+import os
 
 from automdt.controller import Controller
 from automdt.transfer_engine.engine import BufferStats, ReceiverStats, SenderStats, StageStats
