@@ -46,8 +46,10 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="static read,network,write thread counts (with --policy: the starting counts)")
     p.add_argument("--memory", metavar="BYTES", default="256Mi", type=A.size(MIN_CHUNK, what="memory"),
                    help="memory cap of each staging buffer, e.g. 512Mi or 1G (default 256Mi)")
-    p.add_argument("--chunk-size", metavar="BYTES", default="4Mi", type=A.size(MIN_CHUNK, MAX_CHUNK, "chunk size"),
-                   help=f"chunk size, {MIN_CHUNK >> 10}Ki..{MAX_CHUNK >> 20}Mi (default 4Mi)")
+    p.add_argument("--chunk-size", metavar="BYTES", default=None, type=A.size(MIN_CHUNK, MAX_CHUNK, "chunk size"),
+                   help=f"chunk size, {MIN_CHUNK >> 10}Ki..{MAX_CHUNK >> 20}Mi (default 4Mi; a transfer whose job ran "
+                        "before may take 2Mi or 1Mi, where that run's per-thread rates say a 4 MiB chunk takes over "
+                        "a quarter of --interval to pass the three stages)")
     p.add_argument("--throttle", metavar="SPEC", default="",
                    help="emulated bottlenecks: comma list of read.thread=, net.thread=, write.thread=, "
                         "read.total=, net.total=, write.total= in bytes/s with K/M/G (powers of 1000); "
@@ -360,7 +362,7 @@ def _transfer_options(args):
         throttle, schedule = _throttle_option(spec)
         opts = TransferOptions(
             threads=parse_threads(args.threads) if args.threads else (4, 4, 4),
-            memory=parse_size(args.memory, "memory"), chunk_size=parse_size(args.chunk_size, "chunk size"),
+            memory=parse_size(args.memory, "memory"), chunk_size=parse_size(args.chunk_size or "4Mi", "chunk size"),
             throttle=throttle, throttle_schedule=schedule, interval_s=args.interval, max_threads=args.max_threads,
             log_path=args.log, sndbuf=parse_size(args.sndbuf, "sndbuf"), encrypt=args.encrypt,
             shard=args.shard_parsed)
@@ -406,10 +408,12 @@ def _with_history(args, run_transfer):
         if warning:
             log.warning("%s", warning)
         opts.history = rec  # only policies that take a start use it (automdt.start)
+        if rec is not None and args.chunk_size is None:
+            opts.chunk_size = history.chunk_size_for(rec, opts.chunk_size, opts.interval_s)
         summary = run_transfer(args.src, args.dest, opts)
         name = getattr(opts.policy, "name", None) or "static:" + ",".join(str(int(n)) for n in opts.threads)
         failed = history.update(path, summary.history, previous=rec, policy=name, max_threads=opts.max_threads,
-                                job=key, src=os.path.abspath(args.src), dest=args.dest)
+                                job=key, src=os.path.abspath(args.src), dest=args.dest, chunk_bytes=opts.chunk_size)
         if failed and not warning:  # one line per run: an unreadable file is usually unwritable too
             log.warning("%s", failed)
         return summary

@@ -87,6 +87,8 @@ class Controller:
         self.annotations: Dict[str, Any] = {}
         """Fields added to every interval record from now on (the sender sets ``throttle``, the
         throttle spec in force at the end of the interval)."""
+        self.start_notes: Dict[str, Any] = {}
+        """Fields added to the ``start`` record (the sender sets ``chunk_bytes``, the run's chunk size)."""
 
     def _clamp(self, t: Any, limit: int) -> Triple:
         r, n, w = clamp_triple(t, limit)
@@ -112,7 +114,7 @@ class Controller:
             record = dict(self.start_choice.log_record(), threads=dict(zip(STAGES, self.threads)))
         self.apply(self.threads)
         self.t0 = self._last_t = time.monotonic()
-        self.start_record = {"t": 0.0, "start": record, "policy": self._name()}
+        self.start_record = {"t": 0.0, "start": dict(record, **self.start_notes), "policy": self._name()}
         self._warm = self.start_choice is not None and self.start_choice.source in WARM_SOURCES
         if self.log_file is not None:
             self.log_file.write(json.dumps(self.start_record) + "\n")

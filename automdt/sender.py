@@ -674,6 +674,7 @@ class _Transfer:
             from automdt.throttle import format_throttle
 
             ctrl.annotations["throttle"] = format_throttle(self.limits)
+        ctrl.start_notes["chunk_bytes"] = self.chunk_size
         ctrl.start()
         return ctrl
 

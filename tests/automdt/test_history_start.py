@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -73,6 +75,41 @@ def test_other_version_is_moved_aside_not_lost(tmp_path):
     history.save(path, _rec())
     assert history.load(path) == (_rec(), None)
     assert (tmp_path / "k.json.other").read_text() == other
+
+
+def test_chunk_bytes_round_trip_and_older_records():
+    rec = _rec(chunk_bytes=1 << 20)
+    assert JobRecord.from_json(json.loads(json.dumps(rec.to_json()))) == rec
+    older = rec.to_json()
+    del older["chunk_bytes"]  # a record written before the field existed: same format, size unknown
+    assert JobRecord.from_json(older).chunk_bytes == 0
+    with pytest.raises(ValueError, match="bad chunk_bytes"):
+        JobRecord.from_json(dict(older, chunk_bytes="4Mi"))
+
+
+def test_chunk_size_for_the_rates_the_last_run_measured():
+    warm = _rec(rates_bps=(9.4e6, 26e6, 38e6))  # issue 10's warm path at its settled counts
+    # one chunk through the three stages: 4 MiB 0.72 s, 2 MiB 0.36 s, 1 MiB 0.18 s (a quarter of 1 s: 0.25)
+    assert history.chunk_size_for(warm, 4 << 20, 1.0) == 1 << 20
+    assert history.chunk_size_for(warm, 4 << 20, 2.0) == 2 << 20  # a quarter of 2 s: 0.5
+    assert history.chunk_size_for(_rec(rates_bps=(3e9, 2.2e8, 8.5e8)), 4 << 20, 1.0) == 4 << 20  # a local copy
+    assert history.chunk_size_for(_rec(rates_bps=(0.0, 0.0, 0.0)), 4 << 20, 1.0) == 4 << 20  # nothing measured
+    assert history.chunk_size_for(_rec(rates_bps=(1e6, 1e6, 1e6)), 4 << 20, 1.0) == 1 << 20  # the floor
+    assert history.chunk_size_for(_rec(rates_bps=(1e6, 1e6, 1e6)), 256 << 10, 1.0) == 256 << 10  # below it
+    assert history.chunk_size_for(_rec(rates_bps=(25e6, 25e6, 25e6)), 6 << 20, 1.0) == 1536 << 10  # halvings of it
+
+
+def test_chunk_size_keeps_the_last_runs_size_near_the_boundary():
+    near = _rec(rates_bps=(20e6, 20e6, 20e6))  # 2 MiB: 0.31 s, over the 0.25 s share: 1 MiB alone
+    assert history.chunk_size_for(near, 4 << 20, 1.0) == 1 << 20
+    assert history.chunk_size_for(replace(near, chunk_bytes=2 << 20), 4 << 20, 1.0) == 2 << 20
+    below = _rec(rates_bps=(30e6, 30e6, 30e6))  # 2 MiB: 0.21 s, within the share
+    assert history.chunk_size_for(below, 4 << 20, 1.0) == 2 << 20
+    assert history.chunk_size_for(replace(below, chunk_bytes=1 << 20), 4 << 20, 1.0) == 1 << 20
+    fast = _rec(rates_bps=(3e9, 2.2e8, 8.5e8), chunk_bytes=1 << 20)  # far from the boundary: back to the default
+    assert history.chunk_size_for(fast, 4 << 20, 1.0) == 4 << 20
+    slow = _rec(rates_bps=(5e6, 5e6, 5e6), chunk_bytes=4 << 20)
+    assert history.chunk_size_for(slow, 4 << 20, 1.0) == 1 << 20
 
 
 def test_record_from_intervals():
@@ -214,8 +251,6 @@ def test_second_run_starts_where_the_first_settled(slow_job, tmp_path):
     assert len(files) == 1
     rec, warning = history.load(files[0])
     assert warning is None and rec.runs == 1 and rec.policy == "ppo:default"
-    import shutil
-
     shutil.rmtree(dst)
     second, lines, _ = _run(src, dst, tmp_path / "2.jsonl", *opts, env=env)
     start = lines[0]["start"]
@@ -223,6 +258,34 @@ def test_second_run_starts_where_the_first_settled(slow_job, tmp_path):
     assert all(a >= b for a, b in zip(history.start_threads(rec), rec.settled))
     assert lines[1]["threads"] == start["threads"]  # the first interval really ran at it
     assert history.load(files[0])[0].runs == 2
+
+
+def test_history_sets_the_chunk_size_unless_given(make_tree, tmp_path):
+    """A job whose threads moved 4 MB/s each takes 1 MiB chunks from its second run on (a 4 MiB
+    chunk needs a second to be read); ``--chunk-size`` wins; the record keeps the size used."""
+    from automdt.lock import job_key
+
+    src, dst = make_tree({f"f{i}.bin": 2 << 20 for i in range(4)}), str(tmp_path / "dst")
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    path = tmp_path / "state" / "automdt" / "jobs" / f"{job_key(src, dst)}.json"
+
+    def run(n, *extra):
+        code, summary, err = run_cli("transfer", src, dst, "--json", "--log", str(tmp_path / f"{n}.jsonl"),
+                                     "--interval", "0.25", "--memory", "16Mi", "--throttle", "read.thread=4M",
+                                     *extra, env=env)
+        assert code == 0 and summary["files_transferred"] == 4, err
+        shutil.rmtree(dst)
+        return _log_lines(tmp_path / f"{n}.jsonl")[0]["start"], history.load(path)[0]
+
+    start, rec = run(1)
+    assert start["chunk_bytes"] == rec.chunk_bytes == 4 << 20
+    assert history.chunk_size_for(rec, 4 << 20, 0.25) == 1 << 20
+    start, rec = run(2)
+    assert start["chunk_bytes"] == rec.chunk_bytes == 1 << 20 and rec.runs == 2
+    start, rec = run(3, "--chunk-size", "4Mi")
+    assert start["chunk_bytes"] == rec.chunk_bytes == 4 << 20
+    start, _ = run(4, "--no-history")
+    assert start["chunk_bytes"] == 4 << 20
 
 
 def test_no_history_neither_reads_nor_writes(slow_job, tmp_path):
@@ -263,7 +326,8 @@ def test_damaged_history_warns_starts_cold_and_loses_nothing(slow_job, tmp_path,
 def test_threads_with_policy_set_the_start(slow_job, tmp_path):
     src, dst, opts = slow_job
     _, lines, _ = _run(src, dst, tmp_path / "1.jsonl", *opts, "--threads", "3,2,1", "--no-history")
-    assert lines[0]["start"] == {"threads": {"read": 3, "net": 2, "write": 1}, "source": "threads"}
+    assert lines[0]["start"] == {"threads": {"read": 3, "net": 2, "write": 1}, "source": "threads",
+                                 "chunk_bytes": 1 << 20}
     assert lines[1]["threads"] == {"read": 3, "net": 2, "write": 1}
 
 

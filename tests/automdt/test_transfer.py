@@ -150,7 +150,7 @@ def test_interval_log_and_json_summary(make_tree, tmp_path):
     assert summary["bytes"] == 60 * CHUNK and summary["files_transferred"] == 6
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     start, lines = lines[0], lines[1:]  # the first line says where the thread counts started
-    assert start["start"] == {"threads": {"read": 2, "net": 2, "write": 2}, "source": "policy"}
+    assert start["start"] == {"threads": {"read": 2, "net": 2, "write": 2}, "source": "policy", "chunk_bytes": CHUNK}
     assert start["policy"] == "static:2,2,2" and summary["start"] == start["start"]
     assert len(lines) >= 3
     rec = lines[1]
