@@ -45,6 +45,8 @@ rate; in the simulator, started at 14 or 32 connections, it stays there). After
 need at the best rate per busy thread it held plus one, back over threads the policy added without
 gain, a :data:`TRIM_SHARE` more after a cut that held, or, with no evidence either way, by
 :data:`TRIM_SURPLUS` once on a count at rest; and caps the policy's choice there (a *ceiling*).
+A cut waits :data:`PROBE_AFTER` intervals after a raise's or probe's verdict: the rate it must
+hold is the median of that many intervals, and a trial's short ones would lower it.
 Each cut is judged: kept if the next :data:`JUDGE` intervals hold :data:`STEADY` of the delivered
 rate (for readers, their own rate too: a full buffer hides their cut); otherwise, after one
 interval if it lost more, the stage goes back to its count before the cut, capped there, and is not
@@ -232,6 +234,10 @@ class FloorGuard:
             self.note = f"trial:{kind}"  # the interval that ended ran the raise or probe
             if verdict == "judging":
                 return self._floored(proposed)
+            # a cut's baseline is the last PROBE_AFTER intervals: none of them may be a trial (after a
+            # probe undone on the engine's read-bound path its two short intervals made 74 MB/s of 80
+            # the rate to hold, and a cut of readers to 7, where 8 carry the rate, held that)
+            self.calm = 0
             if verdict is not None:  # did not pay: back to the counts before the raise
                 for i in self._probing or ():
                     self.probe_blocked[i] = True

@@ -249,3 +249,45 @@ def test_a_stage_at_its_cap_whose_intervals_come_in_lumps_gets_one_thread_more_o
         w = outs[-1][2]
     assert min(o[2] for o in outs) <= 8, outs  # the cuts got there
     assert g.spared[2] and all(o[2] == 9 for o in outs[-10:]), outs
+
+
+# A quiet sustained run of the shipped policy on the experiments' read-bound path (2026-11-24, 22:05;
+# bench_policy.py sustained, read-bound, rep 2): per interval the counts, throughputs (B/s), buffer
+# fills, interval length, busy and waiting thread-seconds, and the guard's note in the log.
+_READ_BOUND_RUN = [
+    [[4, 2, 8], [32671354, 0, 0], [0.125, 0.0], 0.5135, [2.0429, 0.1716, 0.0], [0.0001, 0.8499, 4.1037], None],
+    [[32, 32, 2], [33122883, 66245766, 33122883], [0.5, 0.0625], 0.5065, [12.6382, 0.6727, 0.5506], [0.0004, 11.7405, 1.7267], None],
+    [[12, 3, 2], [107150982, 98908599, 82423832], [0.25, 0.125], 1.0177, [23.7842, 2.6405, 2.0355], [0.0001, 1.0938, 0.0], "probe"],
+    [[15, 3, 5], [82407385, 82407385, 107129600], [0.2656, 0.0312], 1.0179, [15.3506, 2.0454, 2.8296], [0.0, 1.0085, 2.1883], "trial:probe"],
+    [[15, 3, 5], [78312668, 78312668, 78312668], [0.2656, 0.0312], 1.0176, [15.265, 2.0398, 2.0778], [0.0, 1.0132, 3.0104], "trial:probe,undo"],
+    [[11, 3, 3], [78504741, 78504741, 78504741], [0.2031, 0.0312], 1.0151, [12.4203, 2.0335, 2.0669], [0.0, 1.0115, 1.0319], None],
+    [[9, 2, 2], [82449934, 82449934, 78327438], [0.1719, 0.0469], 1.0174, [10.1139, 2.0348, 2.043], [0.0, 0.0068, 0.0547], "raise"],
+    [[12, 3, 3], [79011148, 79011148, 83169629], [0.2188, 0.0312], 1.0086, [12.0977, 2.0215, 2.0866], [0.0, 1.0014, 0.9161], "trial:raise"],
+    [[12, 3, 3], [79150248, 79150248, 79150248], [0.2188, 0.0312], 1.0068, [12.087, 2.0146, 2.0546], [0.0, 1.0072, 0.9671], "trial:raise,undo"],
+    [[9, 2, 2], [82884989, 82884989, 78740740], [0.1719, 0.0469], 1.0121, [10.4054, 2.0258, 2.0289], [0.0, 0.0645, 0.1174], None],
+    [[9, 2, 2], [78444906, 78444906, 78444906], [0.1719, 0.0469], 1.0159, [9.144, 2.032, 2.0318], [0.0, 0.0, 0.0], None],
+    [[9, 2, 2], [78839662, 78839662, 78839662], [0.1719, 0.0469], 1.0108, [9.0953, 2.0212, 2.0214], [0.0, 0.0, 0.0], "probe"],
+    [[9, 3, 2], [79053029, 79053029, 79053029], [0.1694, 0.0469], 1.0081, [9.0734, 2.0235, 2.0162], [0.0, 0.9987, 0.0], "trial:probe"],
+    [[9, 3, 2], [82454637, 82454637, 74143456], [0.1719, 0.0781], 1.0093, [9.0845, 2.0251, 2.0187], [0.0, 1.0031, 0.0], "trial:probe,undo"],
+    [[9, 2, 2], [78921559, 79583957, 71206699], [0.1595, 0.1094], 1.0014, [9.014, 2.0029, 2.0032], [0.0, 0.0359, 0.0], "trim"],
+]
+
+
+def test_no_cut_is_measured_against_the_intervals_of_a_trial():
+    """The engine run above: right after a probe of connections was undone (its second interval
+    wrote 74 MB/s of 80), the guard cut 9 readers to 7 (8 carry the rate) and judged the cut against
+    the median of the last three intervals, two of them the probe's: 74 MB/s. The 7 readers wrote
+    71-75 MB/s, "held" that, and the run spent 5 intervals below 90% (sustained share 0.88). A cut
+    now waits for PROBE_AFTER intervals after any trial's verdict, so that its baseline holds none."""
+    from automdt.agents.ppo import load_policy
+
+    pol = load_policy("default")
+    pol.reset(32, 0)
+    notes, outs = [], []
+    for threads, tput, fill, dt, busy, wait, _ in _READ_BOUND_RUN:
+        obs = Observation(threads=tuple(threads), throughput_bps=tuple(float(x) for x in tput), buffer_fill=tuple(fill),
+                          interval_s=dt, max_threads=32, busy_s=tuple(busy), wait_s=tuple(wait))
+        outs.append(pol.act(obs))
+        notes.append(pol.guard.note)
+    assert notes[:-1] == [row[-1] for row in _READ_BOUND_RUN[:-1]]  # the replay is the run, up to the cut
+    assert notes[-1] != "trim" and outs[-1][0] >= 8, (notes[-1], outs[-1])
