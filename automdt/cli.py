@@ -346,7 +346,7 @@ def _check_policy(args) -> None:
 
 def _transfer_options(args):
     """TransferOptions from the command line, every value checked (exit 2), nothing started."""
-    from automdt.protocol import read_secret
+    from automdt.protocol import DEFAULT_CHUNK_SIZE, read_secret
     from automdt.sender import TransferOptions, check_dest
     from automdt.units import parse_size, parse_threads
 
@@ -362,7 +362,7 @@ def _transfer_options(args):
         throttle, schedule = _throttle_option(spec)
         opts = TransferOptions(
             threads=parse_threads(args.threads) if args.threads else (4, 4, 4),
-            memory=parse_size(args.memory, "memory"), chunk_size=parse_size(args.chunk_size or "4Mi", "chunk size"),
+            memory=parse_size(args.memory, "memory"), chunk_size=parse_size(args.chunk_size, "chunk size") if args.chunk_size else DEFAULT_CHUNK_SIZE,
             throttle=throttle, throttle_schedule=schedule, interval_s=args.interval, max_threads=args.max_threads,
             log_path=args.log, sndbuf=parse_size(args.sndbuf, "sndbuf"), encrypt=args.encrypt,
             shard=args.shard_parsed)
