@@ -11,8 +11,9 @@ catches it rather than another training round: a :class:`FloorGuard` watches the
 and when it stays below
 :data:`SHORTFALL` of it for :data:`PATIENCE` intervals in a row (or falls below :data:`SEVERE` of
 it in one) it raises every *limiting* stage
-(busy at least :data:`BUSY` of its thread-seconds) to the threads that carry the best rate at
-that stage's measured rate per busy thread. It cuts only to undo its own moves and to trim a
+(busy at least :data:`BUSY` of its thread-seconds, and itself carrying less than
+:data:`SHORTFALL` of the best rate: a busy stage that carries it is not where it is lost) to the
+threads that carry the best rate at that stage's measured rate per busy thread. It cuts only to undo its own moves and to trim a
 stage with threads to spare behind a limit (below); the policy's choices stand otherwise.
 
 The best rate can be one the path no longer gives (a buffer that drained faster than the source
@@ -54,6 +55,20 @@ trimmed again. A stage whose cut held is not probed. A ceiling is lifted when, t
 transfer delivers :data:`LIFT` times what it did when the ceiling was set, for :data:`PATIENCE`
 intervals (the limit went away: the path may give more), or when a raise needs more threads
 there; a stage at its ceiling whose intervals come short in lumps gets one thread over it, once.
+
+A stage can also be short while the delivered rate stays within :data:`SHORTFALL` of the best: on
+the engine's read-bound path 2 writers wrote 70-74 MB/s of the 80 the network brought for 12
+intervals, the receiver buffer filling. When the buffer in front of a busy network or write stage
+grew in each of the last :data:`RISE` intervals while the stage upstream carried :data:`RISE_GAP`
+more, the guard gives the stage the threads for that rate (a *rise*, judged like a probe; one that
+does not pay is undone and not tried again from that count).
+
+A stage held back by a full buffer after it (readers by the sender buffer, connections by the
+receiver buffer) waits for room, so it is not busy and the trim above never sees it (10 to 13
+readers on the engine's issue path where 8 carry the rate): after :data:`PROBE_AFTER` intervals
+with the buffer :data:`FULL`, it is cut to its need at its recent rate per busy thread plus one,
+judged by its own rate. A cut that did not hold goes back by the threads its loss takes, plus one
+(so a cut of :data:`TRIM_SURPLUS` goes back to where it was).
 
 The guard reads only the :class:`~automdt.policy_contract.Observation` (throughputs, threads,
 busy thread-seconds), which the simulator and the live engine both produce, so ``simulate`` and
@@ -112,6 +127,17 @@ TRIM_MIN = 4
 TRIM_AFTER = 6
 """Intervals a transfer runs before the first cut (the ramp's bursts set no steady rate)."""
 LIFT = 1.15
+FULL = 0.9
+"""A buffer at least this full in each of the last :data:`PROBE_AFTER` intervals holds the stage
+that fills it back (the sender buffer the readers, the receiver buffer the network): it waits for
+room, so it is not busy, and what it needs is measured by its rate per busy thread
+(:meth:`FloorGuard._trim_waiting`)."""
+RISE = 3
+"""Intervals in a row over which the buffer in front of a busy network or write stage must have
+grown before the guard gives that stage threads for the rate that fills it."""
+RISE_GAP = 0.05
+"""The stage upstream of such a buffer must have carried at least this share more than the stage
+(medians of the last :data:`PROBE_AFTER` intervals): a fill that creeps up by a chunk is noise."""
 """A busy stage under a ceiling while the transfer delivers this much more than when the ceiling
 was set is no longer held by the limit that set it: the ceiling goes."""
 
@@ -209,6 +235,19 @@ class FloorGuard:
         self.cut_held = [False, False, False]
         """Stages a cut took threads from without losing rate: cut again after the next steady run."""
         self._prev_threads: Optional[Tuple[int, int, int]] = None
+        self.fills: List[Tuple[float, float]] = []
+        self.recent_per_thread: List[Tuple[float, ...]] = []
+        """Each stage's rate per busy thread in the last :data:`PROBE_AFTER` intervals (0: busy too little)."""
+        self._chain = True
+        """Whether the cut on trial may be followed by a deeper one if it holds (not after a cut to a
+        need measured with the stage's own rate per busy thread)."""
+        """The (sender, receiver) buffer fills of the last :data:`RISE` + 1 intervals."""
+        self.rise_blocked = [0, 0, 0]
+        """Per stage, the count from which a rise did not pay (0: none): no rise from it or above."""
+        self._rising = False
+        """The trial being judged is a rise (a probe of one stage, blocked from its count if undone)."""
+        self.rises = 0
+        """Rises so far (for logs and tests)."""
 
     def __call__(self, obs: Observation, proposed: Triple) -> Triple:
         """The counts to run next: ``proposed`` (the policy's choice), raised or cut where the guard
@@ -220,6 +259,8 @@ class FloorGuard:
         self.intervals += 1
         last, self.last = self.last, delivered
         self.recent_stage = (self.recent_stage + [tuple(float(x) for x in obs.throughput_bps)])[-PROBE_AFTER:]
+        self.fills = (self.fills + [(float(obs.buffer_fill[0]), float(obs.buffer_fill[1]))])[-(RISE + 1):]
+        self.recent_per_thread = (self.recent_per_thread + [tuple(_per_thread(obs, i) for i in range(3))])[-PROBE_AFTER:]
         self._learn_rates(obs)
         self._count_futile(obs, delivered)
         self._release_spare(obs)
@@ -229,7 +270,7 @@ class FloorGuard:
             if after is not None:
                 return after
         if self._judging is not None:
-            kind = "probe" if self._probing else "raise"
+            kind = "rise" if self._rising else "probe" if self._probing else "raise"
             verdict = self._judge(delivered)
             self.note = f"trial:{kind}"  # the interval that ended ran the raise or probe
             if verdict == "judging":
@@ -239,12 +280,10 @@ class FloorGuard:
             # the rate to hold, and a cut of readers to 7, where 8 carry the rate, held that)
             self.calm = 0
             if verdict is not None:  # did not pay: back to the counts before the raise
-                for i in self._probing or ():
-                    self.probe_blocked[i] = True
-                self._probing = None
+                self._block_trial(verdict)
                 self.note = f"trial:{kind},undo"
                 return tuple(min(p, u) if u else p for p, u in zip(proposed, verdict))  # type: ignore[return-value]
-            self._probing = None
+            self._probing, self._rising = None, False
         if last is not None:
             self.best = max(self.best, min(last, delivered))
         if delivered >= SHORTFALL * self.best:
@@ -261,7 +300,7 @@ class FloorGuard:
         undo = [0, 0, 0]
         for s in range(3):
             need = self._need(obs, s)
-            if need > max(proposed[s], self.floors[s]):
+            if need > max(proposed[s], self.floors[s]) and self._short_itself(s):
                 self.floors[s], self.probed[s] = need, False
                 if self.ceilings[s] and need > self.ceilings[s]:
                     self.ceilings[s] = 0  # the rate needs more threads there than the trim left
@@ -273,6 +312,16 @@ class FloorGuard:
             self.note = "raise"
             self.short, self.short_sum, self.judged = 0, 0.0, []
         return self._floored(proposed)
+
+    def _block_trial(self, undo: Tuple[int, ...]) -> None:
+        """A probe or rise did not pay: its stages are not probed again, or get no rise again from
+        the count it started at (``undo``)."""
+        for i in self._probing or ():
+            if self._rising:
+                self.rise_blocked[i] = int(undo[i])
+            else:
+                self.probe_blocked[i] = True
+        self._probing, self._rising = None, False
 
     def _after_trim(self, obs: Observation, delivered: float, proposed: Triple) -> Optional[Triple]:
         """While a cut is judged: the counts to run (capped by its ceiling), or after a cut that
@@ -291,6 +340,8 @@ class FloorGuard:
         stage has threads to spare; else, after as many steady ones, a probe."""
         self.calm += 1
         self.steady = self.steady + 1 if delivered >= STEADY * self.best else 0
+        if self._rise(obs, proposed, delivered):
+            return
         if self.calm >= PROBE_AFTER and self.intervals >= TRIM_AFTER and self._trim(obs, proposed):
             return
         if self.steady >= PROBE_AFTER:
@@ -325,6 +376,45 @@ class FloorGuard:
         self._judging = (JUDGE, delivered, delivered * ratio, (before[0], before[1], before[2]),
                          (undo[0], undo[1], undo[2]))
         self.judged = []
+
+    def _rise(self, obs: Observation, proposed: Triple, delivered: float) -> bool:
+        """The buffer in front of a busy network or write stage grew in each of the last :data:`RISE`
+        intervals while the stage upstream carried :data:`RISE_GAP` more than it: the stage is
+        short of the rate that reaches it, though the delivered rate is still within
+        :data:`SHORTFALL` of the best (on the engine's read-bound path 2 writers wrote 70-74 MB/s
+        of the 80 the network brought, the receiver buffer filling, for 12 intervals). Give it the
+        threads for that rate at its present rate per thread, judged like a probe (kept if the rate
+        rises by :data:`PAY` of the gain expected, up to what the stage upstream carried); one
+        that does not pay is undone, and the stage gets no rise from that count up again.
+        Returns whether it rose (the write stage is looked at first: its rate is the delivered one)."""
+        if self.intervals < PROBE_AFTER or len(self.fills) <= RISE:
+            return False
+        for s in (2, 1):
+            fill = [f[s - 1] for f in self.fills]
+            if not all(a < b for a, b in zip(fill, fill[1:])):
+                continue
+            n = max(int(obs.threads[s]), int(proposed[s]), self.floors[s])
+            if (n >= self.max_threads or (self.rise_blocked[s] and n >= self.rise_blocked[s])
+                    or (self.ceilings[s] and n >= self.ceilings[s])
+                    or _utilization(obs, s) < BUSY or self._diluted(s, _per_thread(obs, s))):
+                continue
+            up = statistics.median(r[s - 1] for r in self.recent_stage)
+            own = statistics.median(r[s] for r in self.recent_stage)
+            if own <= 0 or up < (1 + RISE_GAP) * own:
+                continue
+            m = min(self.max_threads, n + max(1, math.ceil(n * (up / own - 1) - 0.05)))
+            before = list(self.floors)
+            undo = [0, 0, 0]
+            undo[s], self.floors[s], self.probed[s] = n, m, False
+            self.rises += 1
+            self._probing, self._rising = (s,), True
+            self.steady = 0
+            self.note = "rise" if self.note is None else f"{self.note},rise"
+            self._judging = (JUDGE, delivered, min(up, delivered * m / n), (before[0], before[1], before[2]),
+                             (undo[0], undo[1], undo[2]))
+            self.judged = []
+            return True
+        return False
 
     def _count_futile(self, obs: Observation, delivered: float) -> None:
         """Threads a stage gained while the rate held count as futile unless the rate rose by
@@ -380,6 +470,10 @@ class FloorGuard:
             cuts = [c for c in cuts if n - c >= TRIM_SURPLUS]
             if cuts and (best is None or n > best[1]):
                 best = (s, n, max(1, min(cuts)))
+        self._chain = True
+        if best is None:
+            best = self._trim_waiting(obs, would, delivered_before)
+            self._chain = best is None
         if best is None:
             return False
         s, n, m = best
@@ -393,36 +487,85 @@ class FloorGuard:
         self.note = "trim" if self.note is None else f"{self.note},trim"
         return True
 
+    def _trim_waiting(self, obs: Observation, would: Triple, delivered_before: float) -> Optional[Tuple[int, int, int]]:
+        """Readers held back by a full sender buffer, or connections by a full receiver buffer (at
+        least :data:`FULL` in each of the last :data:`PROBE_AFTER` intervals), wait for room, so
+        they are not busy and the trim of busy stages does not see them: on the engine's issue path
+        10 to 13 readers stayed where 8 carry the 80 MB/s. The need is the delivered rate at the
+        stage's rate per busy thread (the median of the last :data:`PROBE_AFTER` intervals, not the
+        best it held: after a cut from 32 readers that one counted the chunks of the threads cut,
+        and a cut to it lost 11%); cut to that need plus one (a tenth of a thread under it is a
+        lump), by one thread or more. Judged by the stage's own rate as well (the full buffer hides
+        the cut from the delivered rate); one that holds is not taken further. Returns (stage,
+        count, cut) or None; the readers first."""
+        for s in (0, 1):
+            n = max(int(obs.threads[s]), would[s])
+            if (self.trim_blocked[s] or n < TRIM_MIN or len(self.fills) < PROBE_AFTER
+                    or any(f[s] < FULL for f in self.fills[-PROBE_AFTER:])):
+                continue
+            rates = [r[s] for r in self.recent_per_thread]
+            if len(rates) < PROBE_AFTER or min(rates) <= 0:
+                continue
+            need = max(1, math.ceil(delivered_before / statistics.median(rates) - 0.1))
+            if n - (need + 1) >= 1:
+                return (s, n, need + 1)
+        return None
+
     def _judge_trim(self, obs: Observation, delivered: float) -> Any:
         """``"judging"`` until :data:`JUDGE` intervals ran with the cut (one, if the delivered
-        rate, or a cut of readers' own, fell below :data:`STEADY` of the rate before it); then None if the delivered rate
-        held :data:`STEADY` of it and, for readers, their own rate in the last of them :data:`STEADY`
-        of theirs before (at most the delivered rate) (the readers' own rate shows a cut of readers
-        while a full buffer still feeds the network; the other stages' comes in chunk-sized lumps): the
-        ceiling stays and the stage is not probed again. Else the count to go back to: the count
-        before the cut, capped there (and the stage is not trimmed again)."""
+        rate fell below :data:`STEADY` of the rate before it, or a cut of readers' own below
+        :data:`SHORTFALL` of theirs); then None if the delivered rate held :data:`STEADY` of it on
+        average and, for readers, their own rate in the last interval :data:`STEADY` of theirs
+        before (at most the delivered rate) (the readers' own rate shows a cut of readers while a
+        full buffer still feeds the network; the first interval still has the cut readers' chunks,
+        and both come in chunk-sized lumps: on the engine's issue path 8 readers, which carry the
+        80 MB/s, read 74 in a trial's first interval): the ceiling stays and the stage is not
+        probed again. Else the count to go back to (:meth:`_back_to`), capped there
+        (and the stage is not trimmed again)."""
         assert self._trimming is not None
         s, n, before, before_s, floor = self._trimming
         held = delivered / before if before > 0 else 1.0
         own = float(obs.throughput_bps[s]) / before_s if before_s > 0 else 1.0
         self.judged.append(held)
         self.judged_stage.append(own)
-        if len(self.judged) < JUDGE and held >= STEADY and (s != 0 or own >= STEADY):
+        by_own = s == 0 or not self._chain  # readers, or a stage cut while it waited on a full buffer
+        if len(self.judged) < JUDGE and held >= STEADY and (not by_own or own >= SHORTFALL):
             return "judging"
         self._trimming = None
-        own_held = s != 0 or self.judged_stage[-1] >= STEADY  # the first interval still has the cut readers' chunks
+        own_held = not by_own or self.judged_stage[-1] >= STEADY  # the first interval still has the cut threads' chunks
         if sum(self.judged) / len(self.judged) >= STEADY and own_held:
             self.probe_blocked[s] = True
-            self.cut_held[s] = True  # the next one may take more (the best rate per thread may be a shared-out one)
+            self.cut_held[s] = self._chain  # the next may take more (the best rate per thread may be a shared-out one)
             self.ceiling_rate[s] = before
             return None
         self.trim_blocked[s] = True
-        # back to n (the rate per thread the cut showed is no guide: the cut threads' chunks land in
-        # it), capped there; a raise that needs more lifts the cap
-        self.ceilings[s], self.floors[s], self.ceiling_rate[s] = n, floor, before
+        # back by the threads that carry what the cut lost, at the best rate per busy thread the stage
+        # held (the rate per thread the cut showed is no guide: the cut threads' chunks land in it),
+        # and one more, at most to n; capped there, and a raise that needs more lifts the cap
+        back = self._back_to(s, n, before, before_s)
+        self.ceilings[s], self.floors[s], self.ceiling_rate[s] = back, min(floor, back), before
+        if back >= n:
+            self.spared[s] = True  # n carried the rate before the cut: short lumps there want no thread more
         undo = [0, 0, 0]
-        undo[s] = n
+        undo[s] = back
         return tuple(undo)
+
+    def _back_to(self, s: int, n: int, before: float, before_s: float) -> int:
+        """The count a cut of stage ``s`` from ``n`` that did not hold goes back to: the cut count
+        plus the threads that carry the rate it lost (the delivered rate's mean share over the
+        trial, for readers also their own rate's last share) at the stage's best rate per busy
+        thread, plus one, at most ``n`` (so a cut of :data:`TRIM_SURPLUS` goes back to ``n``, which
+        its loss shows to be within one of the need); ``n`` when that rate is unknown. A deeper cut
+        (a quarter, or to the need at a rate per thread a total limit shared out) does not undo
+        what its loss shows was spare: 16 writers cut to 12 that lost 20 MB/s at 10 per writer go
+        back to 15."""
+        cut, ref = self.ceilings[s], self.rate_ref[s]
+        lost = before * (1.0 - sum(self.judged) / len(self.judged))
+        if s == 0 or not self._chain:
+            lost = max(lost, before_s * (1.0 - self.judged_stage[-1]))
+        if ref <= 0 or not 0 < cut < n:
+            return n
+        return min(n, cut + 1 + max(1, math.ceil(lost / ref - 0.05)))  # a twentieth of a thread is noise
 
     def end_trials(self, current: Triple) -> Triple:
         """The run's tail began (nobody asks the guard again): a cut still on trial is undone,
@@ -452,6 +595,13 @@ class FloorGuard:
                 self.ceilings[s] += 1
                 self.floors[s] = max(self.floors[s], self.ceilings[s])
                 self.spared[s] = True
+
+    def _short_itself(self, s: int) -> bool:
+        """Stage ``s`` carried less than :data:`SHORTFALL` of the best rate in the median of the last
+        :data:`PROBE_AFTER` intervals. A busy stage that carries the rate is not where it is lost (on
+        the engine's read-bound path 9 readers read 80 MB/s under a total limit while 2 writers wrote
+        70: a raise of every busy stage gave the readers a tenth they could not use, and kept it)."""
+        return statistics.median(r[s] for r in self.recent_stage) < SHORTFALL * self.best
 
     def _need(self, obs: Observation, s: int) -> int:
         """Threads stage ``s`` needs to carry the best rate, if it limits the transfer; else 0."""
@@ -484,8 +634,10 @@ class FloorGuard:
         got = sum(self.judged) / len(self.judged)
         if got >= before + PAY * (expected - before):
             return None
-        # it did not pay: the best rate is not there to reach; forget it and undo the raise
-        self.best = max(got, before)
+        # it did not pay: the best rate is not there to reach; forget it and undo the raise (a rise
+        # was not made for the best rate: the stage it gave threads to was not the one short)
+        if not self._rising:
+            self.best = max(got, before)
         self.floors = list(floors)
         if self._probing is None:
             self.ceilings = list(self._ceilings_before)  # a raise that lifted a ceiling and did not pay

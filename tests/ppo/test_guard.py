@@ -291,3 +291,122 @@ def test_no_cut_is_measured_against_the_intervals_of_a_trial():
         notes.append(pol.guard.note)
     assert notes[:-1] == [row[-1] for row in _READ_BOUND_RUN[:-1]]  # the replay is the run, up to the cut
     assert notes[-1] != "trim" and outs[-1][0] >= 8, (notes[-1], outs[-1])
+
+
+# A quiet sustained run of the shipped policy on the experiments' read-bound path (2026-11-25, 23:58 on
+# the 24th; bench_policy.py sustained, read-bound, rep 1), its first 14 intervals, as above. From the
+# last one on, 2 writers wrote 70-74 MB/s of the 78-83 the network brought, the receiver buffer filling,
+# for 12 intervals (sustained share 0.70): within 90% of the guard's best rate, so no raise.
+_WRITERS_SHORT_RUN = [
+    [[4, 2, 8], [32945512, 0, 0], [0.125, 0.0], 0.5092, [2.0309, 0.1658, 0.0], [0.0004, 0.8498, 4.0722], None],
+    [[32, 32, 2], [90299384, 65672279, 32836140], [0.6094, 0.0625], 0.5109, [14.8279, 0.8603, 0.5593], [0.0007, 13.8101, 1.0128], None],
+    [[10, 3, 3], [79275142, 100137022, 108481774], [0.25, 0.0312], 1.0053, [23.5701, 2.4767, 2.7438], [0.0, 2.1919, 0.2498], "probe"],
+    [[13, 3, 5], [79376374, 79376374, 79376374], [0.2344, 0.0312], 1.004, [13.6058, 2.0177, 2.0494], [0.0001, 0.9943, 2.9254], "trial:probe"],
+    [[13, 3, 5], [79329374, 79329374, 79329374], [0.2344, 0.0312], 1.0046, [13.0606, 2.0143, 2.0419], [0.0, 0.9997, 2.9812], "trial:probe,undo"],
+    [[10, 3, 3], [79278478, 79278478, 79278478], [0.1875, 0.0312], 1.0052, [10.8685, 2.0147, 2.0423], [0.0, 1.0006, 1.2064], "raise"],
+    [[15, 3, 2], [83488993, 83488993, 79314543], [0.2656, 0.0469], 1.0048, [15.0654, 2.012, 2.0161], [0.0, 1.0022, 0.1021], "trial:raise"],
+    [[15, 2, 2], [78029476, 78029476, 82136290], [0.2656, 0.0312], 1.0213, [15.319, 2.0427, 2.0425], [0.0, 0.15, 0.0], "trial:raise,undo"],
+    [[10, 2, 2], [82295260, 82295260, 78180497], [0.1875, 0.0469], 1.0193, [11.0805, 2.0386, 2.0387], [0.0, 0.0, 0.0], None],
+    [[10, 2, 2], [78505549, 78505549, 78505549], [0.1875, 0.0469], 1.0151, [10.1518, 2.0303, 2.0303], [0.0, 0.0, 0.0], None],
+    [[10, 2, 2], [78408885, 78408885, 78408885], [0.1875, 0.0469], 1.0164, [10.1625, 2.0325, 2.0326], [0.0, 0.0, 0.0], "probe"],
+    [[10, 3, 2], [82441918, 82441918, 78319822], [0.1875, 0.0625], 1.0175, [10.1762, 2.0451, 2.0351], [0.0, 1.0068, 0.0], "trial:probe"],
+    [[10, 3, 2], [78535722, 78535722, 74402263], [0.1875, 0.0781], 1.0147, [10.1456, 2.033, 2.0292], [0.0, 1.0107, 0.0], "trial:probe,undo"],
+    [[10, 2, 2], [78553690, 78553690, 74419285], [0.1875, 0.0938], 1.0145, [10.1459, 2.0281, 2.0291], [0.0, 0.1288, 0.0], None],
+]
+
+
+def _replay(rows):
+    from automdt.agents.ppo import load_policy
+
+    pol = load_policy("default")
+    pol.reset(32, 0)
+    notes, outs = [], []
+    for threads, tput, fill, dt, busy, wait, _ in rows:
+        obs = Observation(threads=tuple(threads), throughput_bps=tuple(float(x) for x in tput), buffer_fill=tuple(fill),
+                          interval_s=dt, max_threads=32, busy_s=tuple(busy), wait_s=tuple(wait))
+        outs.append(pol.act(obs))
+        notes.append(pol.guard.note)
+    return pol, notes, outs
+
+
+def test_a_buffer_filling_in_front_of_a_busy_stage_gives_that_stage_threads():
+    """The run above, replayed through the shipped policy: the notes are the logged ones up to the
+    last interval, where the receiver buffer has grown for three intervals while the network
+    carried 5% more than the 2 busy writers: the guard gives the writers a third ("rise"), judged
+    like a probe, and leaves the readers alone."""
+    pol, notes, outs = _replay(_WRITERS_SHORT_RUN)
+    assert notes[:-1] == [row[-1] for row in _WRITERS_SHORT_RUN[:-1]]
+    assert notes[-1] == "rise" and outs[-1][2] == 3 and outs[-1][0] <= 10, (notes[-1], outs[-1])
+
+
+def test_a_rise_that_does_not_pay_is_undone_and_not_repeated_from_that_count():
+    """Writers under a 70 MB/s total limit, the network bringing 80 and the receiver buffer filling:
+    the rise to 3 writers brings nothing, so it is undone (back to 2), and the writers get no rise
+    from 2 again, however long the buffer keeps filling."""
+    g = FloorGuard(32)
+    outs, notes, fill = [], [], 0.05
+    w = 2
+    for i in range(20):
+        fill = min(1.0, fill + 0.02)
+        obs = Observation(threads=(10, 2, w), throughput_bps=(80 * MB, 80 * MB, 70 * MB), buffer_fill=(0.2, fill),
+                          interval_s=1.0, busy_s=(10.0, 2.0, float(w)), wait_s=(0.0, 0.0, 0.0))
+        outs.append(g(obs, (10, 2, 2)))
+        notes.append(g.note)
+        w = outs[-1][2]
+    print(list(zip(notes, [o[2] for o in outs])))
+    assert notes.count("rise") == 1 and "trial:rise,undo" in notes, notes
+    assert g.rise_blocked[2] == 2 and all(o[2] == 2 for o in outs[notes.index("trial:rise,undo"):])
+
+
+def test_a_raise_gives_threads_only_to_a_busy_stage_that_is_short_itself():
+    """Readers under a total limit read 78-80 MB/s with 9 threads, all busy; 2 writers, all busy,
+    write 66 from the fifth interval on (the buffer between them absorbs the rest). The raise goes
+    to the writers, which are short; the readers carry the rate and keep their 9 threads (at
+    78 MB/s, 8.7 per reader, the 80 the transfer held would take 10)."""
+    g = FloorGuard(32)
+    outs, notes = [], []
+    for i in range(8):
+        write = 80 * MB if i < 4 else 66 * MB
+        read = 80 * MB if i < 4 else 78 * MB
+        outs.append(g(_obs((9, 2, 2), (read, 80 * MB, write), (9, 2, 2)), (9, 2, 2)))
+        notes.append(g.note)
+    assert "raise" in notes, notes
+    raised = outs[notes.index("raise")]
+    assert raised[2] == 3 and raised[0] == 9, raised
+
+
+def test_readers_waiting_on_a_full_sender_buffer_are_cut_to_their_need_plus_one():
+    """13 readers at 10 MB/s per busy thread behind a full sender buffer (they wait for room: 62%
+    busy), the network delivering 80 MB/s: no busy stage to trim, but the readers' need at their
+    rate per busy thread is 8. The guard cuts them to 9; the cut holds (9 still read 80 while
+    the buffer stays full) and goes no further."""
+    g = FloorGuard(32)
+    outs, notes = [], []
+    r = 13
+    for i in range(30):
+        read = min(80, 10 * r) * MB
+        obs = Observation(threads=(r, 3, 3), throughput_bps=(read, 80 * MB, 80 * MB), buffer_fill=(0.99, 0.03),
+                          interval_s=1.0, busy_s=(read / (10 * MB), 3.0, 2.0), wait_s=(r - read / (10 * MB), 0.0, 1.0))
+        outs.append(g(obs, (13, 3, 3)))
+        notes.append(g.note)
+        r = outs[-1][0]
+    print(list(zip(notes, [o[0] for o in outs])))
+    assert notes.count("trim") == 1 and outs[notes.index("trim")][0] == 9, notes
+    assert "trial:trim,undo" not in notes and outs[-1][0] == 9 and not g.cut_held[0]
+
+
+def test_a_cut_that_did_not_hold_goes_back_by_what_it_lost_plus_one():
+    """A cut of two threads goes back to the count before it (its loss shows that count within one
+    of the need); a deeper one goes back by the threads the lost rate takes at the stage's best
+    rate per busy thread, plus one: 16 writers cut to 12 that lost 20 of 80 MB/s at 10 per
+    writer go back to 15, not 16."""
+    g = FloorGuard(32)
+    g.rate_ref = [0.0, 0.0, 10 * MB]
+    g.judged, g.judged_stage = [0.75, 0.75], [0.75, 0.75]
+    g.ceilings = [0, 0, 12]
+    assert g._back_to(2, 16, 80 * MB, 80 * MB) == 15
+    g.ceilings = [0, 0, 14]
+    assert g._back_to(2, 16, 80 * MB, 80 * MB) == 16
+    g.rate_ref = [0.0, 0.0, 0.0]  # no rate known: all the way back
+    g.ceilings = [0, 0, 12]
+    assert g._back_to(2, 16, 80 * MB, 80 * MB) == 16
