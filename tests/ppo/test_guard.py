@@ -279,16 +279,7 @@ def test_no_cut_is_measured_against_the_intervals_of_a_trial():
     the median of the last three intervals, two of them the probe's: 74 MB/s. The 7 readers wrote
     71-75 MB/s, "held" that, and the run spent 5 intervals below 90% (sustained share 0.88). A cut
     now waits for PROBE_AFTER intervals after any trial's verdict, so that its baseline holds none."""
-    from automdt.agents.ppo import load_policy
-
-    pol = load_policy("default")
-    pol.reset(32, 0)
-    notes, outs = [], []
-    for threads, tput, fill, dt, busy, wait, _ in _READ_BOUND_RUN:
-        obs = Observation(threads=tuple(threads), throughput_bps=tuple(float(x) for x in tput), buffer_fill=tuple(fill),
-                          interval_s=dt, max_threads=32, busy_s=tuple(busy), wait_s=tuple(wait))
-        outs.append(pol.act(obs))
-        notes.append(pol.guard.note)
+    _, notes, outs = _replay(_READ_BOUND_RUN)
     assert notes[:-1] == [row[-1] for row in _READ_BOUND_RUN[:-1]]  # the replay is the run, up to the cut
     assert notes[-1] != "trim" and outs[-1][0] >= 8, (notes[-1], outs[-1])
 
@@ -316,6 +307,7 @@ _WRITERS_SHORT_RUN = [
 
 
 def _replay(rows):
+    """The shipped policy (with its guard) fed an interval log's rows: (policy, notes, outputs)."""
     from automdt.agents.ppo import load_policy
 
     pol = load_policy("default")
