@@ -558,8 +558,11 @@ class FloorGuard:
         """The count a cut of stage ``s`` from ``n`` that did not hold goes back to: the cut count
         plus the threads that carry the rate it lost (the delivered rate's mean share over the
         trial, for readers also their own rate's last share) at the stage's best rate per busy
-        thread, plus one, at most ``n`` (so a cut of :data:`TRIM_SURPLUS` goes back to ``n``, which
-        its loss shows to be within one of the need); ``n`` when that rate is unknown. A deeper cut
+        thread, plus one if that is half a thread or more, at most ``n`` (so a cut of
+        :data:`TRIM_SURPLUS` that lost a thread's rate goes back to ``n``, which its loss shows to
+        be within one of the need; one that lost a lump, 4 MB/s of 80 at 10 per thread, to one
+        thread over the cut: 10 writers cut to the 8 that carry the rate, undone at a mean of 0.95
+        of it, had gone back to 10); ``n`` when that rate is unknown. A deeper cut
         (a quarter, or to the need at a rate per thread a total limit shared out) does not undo
         what its loss shows was spare: 16 writers cut to 12 that lost 20 MB/s at 10 per writer go
         back to 15."""
@@ -569,7 +572,9 @@ class FloorGuard:
             lost = max(lost, before_s * (1.0 - self.judged_stage[-1]))
         if ref <= 0 or not 0 < cut < n:
             return n
-        return min(n, cut + 1 + max(1, math.ceil(lost / ref - 0.05)))  # a twentieth of a thread is noise
+        threads = lost / ref
+        margin = 1 if threads >= 0.5 else 0  # under half a thread lost: the one thread back carries twice that
+        return min(n, cut + margin + max(1, math.ceil(threads - 0.05)))  # a twentieth of a thread is noise
 
     def end_trials(self, current: Triple) -> Triple:
         """The run's tail began (nobody asks the guard again): a cut still on trial is undone,
@@ -608,11 +613,16 @@ class FloorGuard:
         return statistics.median(r[s] for r in self.recent_stage) < SHORTFALL * self.best
 
     def _need(self, obs: Observation, s: int) -> int:
-        """Threads stage ``s`` needs to carry the best rate, if it limits the transfer; else 0."""
+        """Threads stage ``s`` needs to carry the best rate, if it limits the transfer; else 0. At
+        its rate per busy thread in this interval or, if higher, over the last :data:`PROBE_AFTER`
+        (the median): one interval's comes in lumps (8 writers at 10 MB/s each wrote 66 in one,
+        and a raise to the 10 that 8.25 per writer would need was kept)."""
         per_thread = _per_thread(obs, s)
         if _utilization(obs, s) < BUSY or per_thread <= 0 or self._diluted(s, per_thread):
             return 0
-        return min(self.max_threads, math.ceil(self.best / per_thread))
+        recent = [r[s] for r in self.recent_per_thread if r[s] > 0]
+        rate = max(per_thread, statistics.median(recent)) if recent else per_thread
+        return min(self.max_threads, math.ceil(self.best / rate))
 
     def _learn_rates(self, obs: Observation) -> None:
         rates = [_per_thread(obs, i) for i in range(3)]

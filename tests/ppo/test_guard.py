@@ -388,10 +388,11 @@ def test_readers_waiting_on_a_full_sender_buffer_are_cut_to_their_need_plus_one(
 
 
 def test_a_cut_that_did_not_hold_goes_back_by_what_it_lost_plus_one():
-    """A cut of two threads goes back to the count before it (its loss shows that count within one
-    of the need); a deeper one goes back by the threads the lost rate takes at the stage's best
-    rate per busy thread, plus one: 16 writers cut to 12 that lost 20 of 80 MB/s at 10 per
-    writer go back to 15, not 16."""
+    """A cut of two threads that lost a thread's rate goes back to the count before it (its loss
+    shows that count within one of the need); a deeper one goes back by the threads the lost rate
+    takes at the stage's best rate per busy thread, plus one: 16 writers cut to 12 that lost 20 of
+    80 MB/s at 10 per writer go back to 15, not 16. A loss under half a thread (a lump of chunks)
+    takes one thread back, no more: 10 cut to 8 that lost 4 MB/s go back to 9."""
     g = FloorGuard(32)
     g.rate_ref = [0.0, 0.0, 10 * MB]
     g.judged, g.judged_stage = [0.75, 0.75], [0.75, 0.75]
@@ -399,6 +400,9 @@ def test_a_cut_that_did_not_hold_goes_back_by_what_it_lost_plus_one():
     assert g._back_to(2, 16, 80 * MB, 80 * MB) == 15
     g.ceilings = [0, 0, 14]
     assert g._back_to(2, 16, 80 * MB, 80 * MB) == 16
+    g.judged = [0.95, 0.95]  # a lump: 4 MB/s of 80, under half a writer, lost by a cut of 10 to 8
+    g.ceilings = [0, 0, 8]
+    assert g._back_to(2, 10, 80 * MB, 80 * MB) == 9
     g.rate_ref = [0.0, 0.0, 0.0]  # no rate known: all the way back
     g.ceilings = [0, 0, 12]
     assert g._back_to(2, 16, 80 * MB, 80 * MB) == 16
