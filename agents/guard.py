@@ -186,8 +186,8 @@ class FloorGuard:
         self.raises = 0
         """Raises so far (for logs and tests)."""
         self.note: Optional[str] = None
-        """What the last call did, for the interval log (``guard``): ``"raise"``, ``"probe"`` or
-        ``"trim"`` (decided now), ``"trial:raise"``/``"trial:probe"``/``"trial:trim"`` (the interval
+        """What the last call did, for the interval log (``guard``): ``"raise"``, ``"probe"``,
+        ``"rise"`` or ``"trim"`` (decided now), ``"trial:raise"``/``"trial:probe"``/``"trial:rise"``/``"trial:trim"`` (the interval
         that ended ran one, being judged), with ``",undo"`` when it did not pay; None: nothing."""
         self.steady = 0
         self.rate_ref = [0.0, 0.0, 0.0]
