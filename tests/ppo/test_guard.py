@@ -273,21 +273,22 @@ _READ_BOUND_RUN = [
 ]
 
 
-def test_no_cut_is_measured_against_the_intervals_of_a_trial():
-    """The engine run above: right after a probe of connections was undone (its second interval
-    wrote 74 MB/s of 80), the guard cut 9 readers to 7 (8 carry the rate) and judged the cut against
-    the median of the last three intervals, two of them the probe's: 74 MB/s. The 7 readers wrote
-    71-75 MB/s, "held" that, and the run spent 5 intervals below 90% (sustained share 0.88). A cut
-    now waits for PROBE_AFTER intervals after any trial's verdict, so that its baseline holds none."""
-    _, notes, outs = _replay(_READ_BOUND_RUN)
-    assert notes[:-1] == [row[-1] for row in _READ_BOUND_RUN[:-1]]  # the replay is the run, up to the cut
-    assert notes[-1] != "trim" and outs[-1][0] >= 8, (notes[-1], outs[-1])
+def test_a_probe_undone_does_not_raise_the_best_rate():
+    """The engine run above: the floor's first probe started from a 108 MB/s interval (the sender
+    buffer draining; 80 achievable) and was undone. Taking the best rate "down" to the rate before
+    the probe made 108 the best: every interval after was short of it, and a raise gave the readers
+    the 12 that 108 would take (logged: ``raise`` at (9, 2, 2)). An undo now never raises the best:
+    the replay matches the log up to that raise, which no longer comes."""
+    pol, notes, outs = _replay(_READ_BOUND_RUN[:7])
+    assert notes[:6] == [row[-1] for row in _READ_BOUND_RUN[:6]]
+    assert _READ_BOUND_RUN[6][-1] == "raise" and notes[6] is None, (notes, outs)
+    assert pol.guard.best < 90 * MB
 
 
-# A quiet sustained run of the shipped policy on the experiments' read-bound path (2026-11-25, 23:58 on
-# the 24th; bench_policy.py sustained, read-bound, rep 1), its first 14 intervals, as above. From the
-# last one on, 2 writers wrote 70-74 MB/s of the 78-83 the network brought, the receiver buffer filling,
-# for 12 intervals (sustained share 0.70): within 90% of the guard's best rate, so no raise.
+# A quiet sustained run of the shipped policy on the experiments' read-bound path (2026-11-24, 23:58;
+# bench_policy.py sustained, read-bound, rep 1), its first 14 intervals, as above. From the last one
+# on, 2 writers wrote 70-74 MB/s of the 78-83 the network brought, the receiver buffer filling, for 12
+# intervals (sustained share 0.70): within 90% of the guard's best rate, so no raise.
 _WRITERS_SHORT_RUN = [
     [[4, 2, 8], [32945512, 0, 0], [0.125, 0.0], 0.5092, [2.0309, 0.1658, 0.0], [0.0004, 0.8498, 4.0722], None],
     [[32, 32, 2], [90299384, 65672279, 32836140], [0.6094, 0.0625], 0.5109, [14.8279, 0.8603, 0.5593], [0.0007, 13.8101, 1.0128], None],
@@ -321,14 +322,34 @@ def _replay(rows):
     return pol, notes, outs
 
 
+def test_the_run_where_two_writers_stayed_short_starts_from_the_same_fault():
+    """The run above began like the one before it: a probe from a 108 MB/s burst, undone, then a
+    raise against that best that gave the readers 15 and left 2 writers (logged: ``raise`` at
+    (10, 3, 3)). The replay matches the log up to that raise, which no longer comes."""
+    pol, notes, outs = _replay(_WRITERS_SHORT_RUN[:6])
+    assert notes[:5] == [row[-1] for row in _WRITERS_SHORT_RUN[:5]]
+    assert _WRITERS_SHORT_RUN[5][-1] == "raise" and notes[5] is None, (notes, outs)
+
+
 def test_a_buffer_filling_in_front_of_a_busy_stage_gives_that_stage_threads():
-    """The run above, replayed through the shipped policy: the notes are the logged ones up to the
-    last interval, where the receiver buffer has grown for three intervals while the network
-    carried 5% more than the 2 busy writers: the guard gives the writers a third ("rise"), judged
-    like a probe, and leaves the readers alone."""
-    pol, notes, outs = _replay(_WRITERS_SHORT_RUN)
-    assert notes[:-1] == [row[-1] for row in _WRITERS_SHORT_RUN[:-1]]
-    assert notes[-1] == "rise" and outs[-1][2] == 3 and outs[-1][0] <= 10, (notes[-1], outs[-1])
+    """2 busy writers write 71-74 MB/s of the 80 the network brings (within 90% of the best, so no
+    raise), the receiver buffer filling: after three intervals of growth the guard gives the
+    writers a third ("rise"), judged like a probe; the third writer drains the buffer (95 MB/s),
+    so the rise is kept, and the readers are left alone."""
+    g = FloorGuard(32)
+    outs, notes, fill = [], [], 0.05
+    w = 2
+    for i in range(16):
+        write = (80 if i < 4 else 72 if w == 2 else 95 if fill > 0.06 else 80) * MB
+        fill = max(0.03, min(1.0, fill + (0.02 if write < 80 * MB else -0.05)))
+        obs = Observation(threads=(10, 2, w), throughput_bps=(80 * MB, 80 * MB, write), buffer_fill=(0.2, fill),
+                          interval_s=1.0, busy_s=(8.0, 1.6, float(w)), wait_s=(2.0, 0.4, 0.0))
+        outs.append(g(obs, (10, 2, 2)))
+        notes.append(g.note)
+        w = outs[-1][2]
+    print(list(zip(notes, outs)))
+    assert "rise" in notes and "trial:rise,undo" not in notes, notes
+    assert all(o == (10, 2, 3) for o in outs[notes.index("rise"):]), outs
 
 
 def test_a_rise_that_does_not_pay_is_undone_and_not_repeated_from_that_count():
