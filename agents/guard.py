@@ -235,6 +235,9 @@ class FloorGuard:
         self.cut_held = [False, False, False]
         """Stages a cut took threads from without losing rate: cut again after the next steady run."""
         self._prev_threads: Optional[Tuple[int, int, int]] = None
+        self._held: Tuple[int, int, int] = (0, 0, 0)
+        """The counts when the cut on trial was decided: the other stages keep at least these while
+        it is judged (one change at a time)."""
         self.fills: List[Tuple[float, float]] = []
         self.recent_per_thread: List[Tuple[float, ...]] = []
         """Each stage's rate per busy thread in the last :data:`PROBE_AFTER` intervals (0: busy too little)."""
@@ -486,6 +489,7 @@ class FloorGuard:
         self.trims += 1
         own = min(delivered_before, statistics.median(r[s] for r in self.recent_stage))  # readers may run ahead
         self._trimming = (s, n, delivered_before, own, floor)
+        self._held = (int(obs.threads[0]), int(obs.threads[1]), int(obs.threads[2]))
         self.judged, self.judged_stage = [], []
         self.note = "trim" if self.note is None else f"{self.note},trim"
         return True
@@ -668,7 +672,13 @@ class FloorGuard:
                 self.floors[s] = 0
 
     def _floored(self, proposed: Triple) -> Triple:
-        """``proposed`` raised to the floors and cut to the ceilings."""
+        """``proposed`` raised to the floors and cut to the ceilings; while a cut is on trial the
+        other stages keep at least their counts when it was decided (on the engine's read-bound path
+        the policy took a writer away in the interval the floor cut 13 readers to 10: the two
+        writers' 75 MB/s failed the readers' cut, which went back to 13 for the rest of the run)."""
         r, n, w = (min(self.max_threads, c or self.max_threads, max(int(p), f))
                    for p, f, c in zip(proposed, self.floors, self.ceilings))
+        if self._trimming is not None:
+            s = self._trimming[0]
+            r, n, w = (x if i == s else max(x, h) for i, (x, h) in enumerate(zip((r, n, w), self._held)))
         return (r, n, w)

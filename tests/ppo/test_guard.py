@@ -427,3 +427,29 @@ def test_a_cut_that_did_not_hold_goes_back_by_what_it_lost_plus_one():
     g.rate_ref = [0.0, 0.0, 0.0]  # no rate known: all the way back
     g.ceilings = [0, 0, 12]
     assert g._back_to(2, 16, 80 * MB, 80 * MB) == 16
+
+
+def test_while_a_cut_is_on_trial_the_other_stages_keep_their_counts():
+    """One change at a time: the policy takes a writer away in the interval the floor cuts the
+    readers (on the engine the two writers left then wrote 75 MB/s of 80, and the readers' cut was
+    blamed and undone). While the cut is judged the writers keep the count they had; once it is
+    judged the policy's choice stands again."""
+    def run(fewer_from):
+        g = FloorGuard(32)
+        outs, notes = [], []
+        r, w = 16, 3
+        for i in range(14):
+            rate = min(80, 10 * r) * MB
+            proposed = (16, 2, 3) if i < 4 else (18, 2, 2 if i >= fewer_from else 3)
+            outs.append(g(_obs((r, 2, w), (rate, rate, rate), (r, 1, w)), proposed))
+            notes.append(g.note)
+            r, w = outs[-1][0], outs[-1][2]
+        return outs, notes
+
+    _, notes = run(99)
+    first = notes.index("trim")
+    outs, notes = run(first)  # the policy asks for 2 writers from the interval of the cut on
+    print(list(zip(notes, outs)))
+    assert notes[first] == "trim" and notes[first + 1:first + 3] == ["trial:trim", "trial:trim"], notes
+    assert outs[first][2] == 3 and outs[first + 1][2] == 3, outs  # the cut's two intervals on trial
+    assert outs[first + 2][2] == 2  # judged: the policy's choice
