@@ -68,7 +68,8 @@ receiver buffer) waits for room, so it is not busy and the trim above never sees
 readers on the engine's issue path where 8 carry the rate): after :data:`PROBE_AFTER` intervals
 with the buffer :data:`FULL`, it is cut to its need at its recent rate per busy thread plus one,
 judged by its own rate. A cut that did not hold goes back by the threads its loss takes, plus one
-(so a cut of :data:`TRIM_SURPLUS` goes back to where it was).
+when that is half a thread or more (so a cut of :data:`TRIM_SURPLUS` that lost a thread's rate
+goes back to where it was). While a cut is on trial the other stages keep their counts.
 
 The guard reads only the :class:`~automdt.policy_contract.Observation` (throughputs, threads,
 busy thread-seconds), which the simulator and the live engine both produce, so ``simulate`` and
@@ -239,12 +240,12 @@ class FloorGuard:
         """The counts when the cut on trial was decided: the other stages keep at least these while
         it is judged (one change at a time)."""
         self.fills: List[Tuple[float, float]] = []
+        """The (sender, receiver) buffer fills of the last :data:`RISE` + 1 intervals."""
         self.recent_per_thread: List[Tuple[float, ...]] = []
         """Each stage's rate per busy thread in the last :data:`PROBE_AFTER` intervals (0: busy too little)."""
         self._chain = True
         """Whether the cut on trial may be followed by a deeper one if it holds (not after a cut to a
         need measured with the stage's own rate per busy thread)."""
-        """The (sender, receiver) buffer fills of the last :data:`RISE` + 1 intervals."""
         self.rise_blocked = [0, 0, 0]
         """Per stage, the count from which a rise did not pay (0: none): no rise from it or above."""
         self._rising = False
