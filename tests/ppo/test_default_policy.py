@@ -25,16 +25,17 @@ from tests.ppo.conftest import held_out_profiles
 
 SEEDS = (0, 1, 2)
 
-KNOWN_SHORTFALLS = {
-    ("settles", "write-bound"): "holds (2, 4, 8) where (2, 2, 8) reaches 95%: the writers settle, the network keeps 4",
-}
+KNOWN_SHORTFALLS: dict = {}
 """Issue 10 targets the shipped policy misses, as measured. The policy runs with its floor
 (agents/guard.py), as it does in ``simulate`` and ``transfer``. The bare policy (``AUTOMDT_GUARD=0``)
 missed more: net-bound 0.75-0.83 of the oracle with 9-10 connections where 13 do, write-bound
 17-18 writers where 15 do, and a six-interval dip (readers cut to 6-7) from (16, 5, 2) with a
 full sender buffer; with the floor's raises and probes those cases pass and are not listed. Its trims
 (threads cut where a limit shares a stage's rate out) took two off: 11-12 readers where 10 do
-on the held-out read-bound path, and the write-bound path's writers (10 where 8 do)."""
+on the held-out read-bound path, and the write-bound path's writers (10 where 8 do). The last one,
+the write-bound path held at (2, 4, 8) where (2, 2, 8) reaches 95% (the network waiting behind a
+full receiver buffer, so never trimmed), went with the trim of stages that wait on a full buffer
+(2026-11-25): the table is empty, and a case that fails again fails the suite."""
 
 
 def _check(ok, key, detail):
