@@ -375,10 +375,15 @@ class FloorGuard:
         if not any(undo):
             return
         self.probes += 1
-        self._probing = tuple(i for i in range(3) if undo[i])
-        self.note = "probe" if self.note is None else f"{self.note},probe"
-        self._judging = (JUDGE, delivered, delivered * ratio, (before[0], before[1], before[2]),
-                         (undo[0], undo[1], undo[2]))
+        self._begin_trial("probe", delivered, delivered * ratio, before, undo)
+
+    def _begin_trial(self, kind: str, delivered: float, expected: float, before: List[int], undo: List[int]) -> None:
+        """Judge a probe or rise (``kind``) of the stages ``undo`` names (their counts to go back
+        to) over the next :data:`JUDGE` intervals, against ``delivered`` now and the ``expected``
+        rate; ``before``: the floors to restore if it does not pay."""
+        self._probing, self._rising = tuple(i for i in range(3) if undo[i]), kind == "rise"
+        self.note = kind if self.note is None else f"{self.note},{kind}"
+        self._judging = (JUDGE, delivered, expected, (before[0], before[1], before[2]), (undo[0], undo[1], undo[2]))
         self.judged = []
 
     def _rise(self, obs: Observation, proposed: Triple, delivered: float) -> bool:
@@ -413,12 +418,8 @@ class FloorGuard:
             undo = [0, 0, 0]
             undo[s], self.floors[s], self.probed[s] = n, m, False
             self.rises += 1
-            self._probing, self._rising = (s,), True
             self.steady = 0
-            self.note = "rise" if self.note is None else f"{self.note},rise"
-            self._judging = (JUDGE, delivered, min(up, delivered * m / n), (before[0], before[1], before[2]),
-                             (undo[0], undo[1], undo[2]))
-            self.judged = []
+            self._begin_trial("rise", delivered, min(up, delivered * m / n), before, undo)
             return True
         return False
 
