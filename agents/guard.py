@@ -627,9 +627,9 @@ class FloorGuard:
         per_thread = _per_thread(obs, s)
         if _utilization(obs, s) < BUSY or per_thread <= 0 or self._diluted(s, per_thread):
             return 0
-        own = float(obs.throughput_bps[s])
-        carried = per_thread * min(1.0, float(obs.throughput_bps[2]) / own) if own > 0 else per_thread
-        return min(self.max_threads, math.ceil(self.best / max(carried, 1e-9)))
+        own, delivered = float(obs.throughput_bps[s]), float(obs.throughput_bps[2])
+        carried = per_thread * min(1.0, delivered / own) if own > 0 and delivered > 0 else per_thread
+        return min(self.max_threads, math.ceil(self.best / carried))
 
     def _learn_rates(self, obs: Observation) -> None:
         rates = [_per_thread(obs, i) for i in range(3)]

@@ -438,3 +438,16 @@ def test_while_a_cut_is_on_trial_the_other_stages_keep_their_counts():
     assert notes[first] == "trim" and notes[first + 1:first + 3] == ["trial:trim", "trial:trim"], notes
     assert outs[first][2] == 3 and outs[first + 1][2] == 3, outs  # the cut's two intervals on trial
     assert outs[first + 2][2] == 2  # judged: the policy's choice
+
+
+def test_an_interval_that_delivered_nothing_raises_by_the_stage_own_rate():
+    """A raise counts a stage's rate per thread no higher than what was delivered; when nothing was
+    delivered (writes stalled for an interval) it takes the stage's own rate, not the whole range:
+    8 readers that read 60 MB/s with nothing delivered, after 80 MB/s held, get the 11 that 7.5 MB/s
+    per reader would need, never 32."""
+    g = FloorGuard(32)
+    for _ in range(4):
+        g(_obs((8, 2, 2), (80 * MB, 80 * MB, 80 * MB), (8, 2, 2)), (8, 2, 2))
+    for _ in range(2):
+        out = g(_obs((8, 2, 2), (60 * MB, 0, 0), (8, 0.1, 0.1)), (8, 2, 2))
+    assert g.raises == 1 and out[0] <= 11, out
