@@ -193,7 +193,6 @@ class FloorGuard:
         self.steady = 0
         self.rate_ref = [0.0, 0.0, 0.0]
         """Per stage, the best rate per busy thread (bytes/s) it held for two intervals in a row."""
-        self._last_rates: Optional[List[float]] = None
         self.probe_blocked = [False, False, False]
         """Stages a probe did not pay for: not probed again in this transfer."""
         self._probing: Optional[Tuple[int, ...]] = None
@@ -265,7 +264,7 @@ class FloorGuard:
         self.recent_stage = (self.recent_stage + [tuple(float(x) for x in obs.throughput_bps)])[-PROBE_AFTER:]
         self.fills = (self.fills + [(float(obs.buffer_fill[0]), float(obs.buffer_fill[1]))])[-(RISE + 1):]
         self.recent_per_thread = (self.recent_per_thread + [tuple(_per_thread(obs, i) for i in range(3))])[-PROBE_AFTER:]
-        self._learn_rates(obs)
+        self._learn_rates()
         self._count_futile(obs, delivered)
         self._release_spare(obs)
         self._lift_ceilings(obs, delivered)
@@ -631,11 +630,12 @@ class FloorGuard:
         carried = per_thread * min(1.0, delivered / own) if own > 0 and delivered > 0 else per_thread
         return min(self.max_threads, math.ceil(self.best / carried))
 
-    def _learn_rates(self, obs: Observation) -> None:
-        rates = [_per_thread(obs, i) for i in range(3)]
-        if self._last_rates is not None:
-            self.rate_ref = [max(r, min(a, b)) for r, a, b in zip(self.rate_ref, rates, self._last_rates)]
-        self._last_rates = rates
+    def _learn_rates(self) -> None:
+        """Raise each stage's :attr:`rate_ref` to the rate per busy thread it held in the last two
+        intervals (:attr:`recent_per_thread`)."""
+        if len(self.recent_per_thread) >= 2:
+            last, now = self.recent_per_thread[-2], self.recent_per_thread[-1]
+            self.rate_ref = [max(r, min(a, b)) for r, a, b in zip(self.rate_ref, now, last)]
 
     def _diluted(self, s: int, per_thread: float) -> bool:
         """Stage ``s`` runs below :data:`DILUTED` of its best rate per busy thread: a total limit
