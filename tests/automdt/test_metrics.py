@@ -63,6 +63,8 @@ def test_receiver_metrics_scraped_and_parsed(tmp_path, make_tree):
         total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(src) for f in fs)
         assert wait_for(lambda: _v(_scrape(port)[0], "automdt_written_bytes_total") == total, 5)
         assert wait_for(lambda: _v(_scrape(port)[0], "automdt_sessions_active") == 0, 5)
+        # the control channel's rejections reach the registry at the next update period
+        assert wait_for(lambda: _v(_scrape(port)[0], "automdt_rejected_connections_total", channel="control") == 1, 5)
         samples, _ = _scrape(port)
         assert _v(samples, "automdt_received_bytes_total") == total
         assert _v(samples, "automdt_received_files_total") == 9  # 8 sent, 1 empty created
