@@ -43,9 +43,10 @@ typedef struct amdt_worker {
     uint64_t since_ns;
     uint64_t acc_ns[AMDT_NSTATES];
     uint64_t thr_next_ns; /* per-thread throttle clock (stage->thr_mu) */
-    int thr_waited; /* set (atomically) when the worker waits or idles: no catch-up after it */
-    int sock;       /* socket owned by this thread, -1 if none (stage->mu) */
-    void *ctx;      /* per-thread data given to amdt_stage_spawn() */
+    uint64_t thr_wait_ns; /* time spent waiting or idle since the last reservation (atomic): the
+                           * throttle clock catches up only the rest, time spent working */
+    int sock;             /* socket owned by this thread, -1 if none (stage->mu) */
+    void *ctx;            /* per-thread data given to amdt_stage_spawn() */
 } amdt_worker;
 
 typedef void (*amdt_worker_fn)(amdt_worker *w);
