@@ -451,3 +451,20 @@ def test_an_interval_that_delivered_nothing_raises_by_the_stage_own_rate():
     for _ in range(2):
         out = g(_obs((8, 2, 2), (60 * MB, 0, 0), (8, 0.1, 0.1)), (8, 2, 2))
     assert g.raises == 1 and out[0] <= 11, out
+
+
+
+def test_the_tail_keeps_the_writers_that_carried_the_rate():
+    """The run's tail holds the counts (nobody asks the policy there): on the engine's write-bound
+    path the policy took one of the 8 writers that carry the 80 MB/s away in the interval before
+    the tail, which then held 7 at 62-79 MB/s for six intervals. The network and write stages keep
+    the count they ran through the last three intervals; a ramp's passing counts are not kept."""
+    g = FloorGuard(32)
+    for _ in range(5):
+        g(_obs((3, 3, 8), (80 * MB, 80 * MB, 80 * MB), (2, 2, 8)), (3, 3, 8))
+    assert g.end_trials((3, 3, 7)) == (3, 3, 8)
+    assert g.end_trials((2, 4, 9)) == (2, 4, 9)  # never fewer than the policy's choice
+    ramp = FloorGuard(32)
+    for threads in ((4, 2, 8), (32, 32, 2), (10, 3, 3)):
+        ramp(_obs(threads, (80 * MB, 80 * MB, 80 * MB), threads), threads)
+    assert ramp.end_trials((10, 3, 3)) == (10, 3, 3)
