@@ -606,7 +606,6 @@ static void amdt_writer_body(amdt_worker *w)
             continue;
 
         amdt_worker_set_state(w, AMDT_STATE_BUSY);
-        amdt_throttle_wait(w, amdt_throttle_reserve(w, slot->length)); /* pace before writing */
         uint32_t id = slot->file_id;
         uint64_t off = slot->offset;
         uint32_t len = slot->length;
@@ -648,19 +647,32 @@ static void amdt_writer_body(amdt_worker *w)
         int err = 0;
         const char *what = "pwrite";
         size_t done = 0;
-        while (done < len) {
-            ssize_t n = pwrite(fd, slot->data + done, len - done, (off_t)(off + done));
-            if (n < 0) {
-                if (errno == EINTR)
-                    continue;
-                err = errno;
-                break;
+        /* A throttled write paces each AMDT_THROTTLE_STEP before writing it and counts it once
+         * written; an unthrottled one writes the chunk in one go and counts it when done. */
+        int paced = amdt_stage_throttled(&r->write);
+        while (done < len && err == 0) {
+            size_t end = len;
+            if (paced) {
+                end = len - done < AMDT_THROTTLE_STEP ? len : done + AMDT_THROTTLE_STEP;
+                amdt_throttle_wait(w, amdt_throttle_reserve(w, end - done));
             }
-            if (n == 0) {
-                err = EIO;
-                break;
+            size_t from = done;
+            while (done < end) {
+                ssize_t n = pwrite(fd, slot->data + done, end - done, (off_t)(off + done));
+                if (n < 0) {
+                    if (errno == EINTR)
+                        continue;
+                    err = errno;
+                    break;
+                }
+                if (n == 0) {
+                    err = EIO;
+                    break;
+                }
+                done += (size_t)n;
             }
-            done += (size_t)n;
+            if (paced)
+                amdt_stage_add_bytes(&r->write, done - from);
         }
         if (err == 0 && jfd >= 0) {
             uint8_t rec[AMDT_JOURNAL_REC_LEN];
@@ -695,7 +707,8 @@ static void amdt_writer_body(amdt_worker *w)
                             amdt_strerror(err, ebuf, sizeof(ebuf)));
         } else {
             __atomic_fetch_add(&r->chunks_written, 1, __ATOMIC_RELAXED);
-            amdt_stage_add_bytes(&r->write, len);
+            if (!paced)
+                amdt_stage_add_bytes(&r->write, len);
             if (file_done)
                 amdt_event_push(&r->events, AMDT_EV_FILE_DONE, id, 0, 0, 0, NULL);
         }

@@ -507,15 +507,24 @@ static int amdt_release_sender_locked(amdt_sfile *f)
 /* Read and hash one chunk piece by piece, each piece hashed right after its pread while it is
  * still in the CPU cache: into `dst` (advance = 1: the slot, copy mode) or through one
  * AMDT_PIECE buffer (advance = 0: zero-copy mode, the bytes stay in the page cache for
- * sendfile). Returns the bytes read (short at end of file), or -1 with errno. */
-static ssize_t amdt_read_hash(int fd, uint8_t *dst, int advance, uint64_t offset, uint32_t length,
-                              uint64_t *hash)
+ * sendfile). `paced` (a throttled read stage's worker, else NULL): each AMDT_THROTTLE_STEP is
+ * paced before it is read and counted once read. Returns the bytes read (short at end of file),
+ * or -1 with errno. */
+static ssize_t amdt_read_hash(amdt_worker *paced, int fd, uint8_t *dst, int advance,
+                              uint64_t offset, uint32_t length, uint64_t *hash)
 {
     amdt_hstate hs;
-    size_t got = 0;
+    size_t got = 0, step_end = 0, counted = 0;
     amdt_hash_reset(&hs);
     while (got < length) {
+        if (paced != NULL && got == step_end) {
+            size_t step = length - got < AMDT_THROTTLE_STEP ? length - got : AMDT_THROTTLE_STEP;
+            amdt_throttle_wait(paced, amdt_throttle_reserve(paced, step));
+            step_end = got + step;
+        }
         size_t want = length - got < AMDT_PIECE ? length - got : AMDT_PIECE;
+        if (paced != NULL && want > step_end - got)
+            want = step_end - got;
         uint8_t *p = advance ? dst + got : dst;
         size_t have = 0;
         while (have < want) {
@@ -531,6 +540,10 @@ static ssize_t amdt_read_hash(int fd, uint8_t *dst, int advance, uint64_t offset
         }
         amdt_hash_update(&hs, p, have);
         got += have;
+        if (paced != NULL && (got == step_end || have < want)) {
+            amdt_stage_add_bytes(paced->stage, got - counted);
+            counted = got;
+        }
         if (have < want)
             break; /* end of file: a short read */
     }
@@ -540,7 +553,8 @@ static ssize_t amdt_read_hash(int fd, uint8_t *dst, int advance, uint64_t offset
 
 /* Read, check and hash one chunk (see amdt_read_hash). On failure the file is marked failed
  * (with an event) and 0 is returned. Runs without any lock. */
-static int amdt_read_chunk(amdt_sender *s, const amdt_ticket *t, amdt_slot *slot, uint8_t *piece)
+static int amdt_read_chunk(amdt_sender *s, const amdt_ticket *t, amdt_slot *slot, uint8_t *piece,
+                           amdt_worker *paced)
 {
     amdt_sfile *f = t->f;
     char ebuf[128], msg[AMDT_EVENT_MSG];
@@ -572,8 +586,9 @@ static int amdt_read_chunk(amdt_sender *s, const amdt_ticket *t, amdt_slot *slot
     }
 
     uint64_t hash = 0;
-    ssize_t nread = s->zerocopy ? amdt_read_hash(fd, piece, 0, t->offset, t->length, &hash)
-                                : amdt_read_hash(fd, slot->data, 1, t->offset, t->length, &hash);
+    ssize_t nread = s->zerocopy
+                        ? amdt_read_hash(paced, fd, piece, 0, t->offset, t->length, &hash)
+                        : amdt_read_hash(paced, fd, slot->data, 1, t->offset, t->length, &hash);
     if (nread < 0) {
         err = errno;
         snprintf(msg, sizeof(msg), "read: %s", amdt_strerror(err, ebuf, sizeof(ebuf)));
@@ -689,11 +704,13 @@ static void amdt_reader_body(amdt_worker *w)
         }
 
         amdt_worker_set_state(w, AMDT_STATE_BUSY);
-        /* Pace before the work: the emulated device delivers the chunk at the end of its
-         * reserved time, so bytes are counted at the throttled rate from the first chunk. */
-        amdt_throttle_wait(w, amdt_throttle_reserve(w, t.length));
-        int ok = amdt_read_chunk(s, &t, slot, piece);
-        if (ok)
+        /* A throttled read paces each step before reading it (the emulated device delivers it
+         * at the end of its reserved time, so bytes are counted at the throttled rate from the
+         * first one) and counts it once read; an unthrottled one counts the chunk once it is
+         * read and checked. */
+        amdt_worker *paced = amdt_stage_throttled(&s->read) ? w : NULL;
+        int ok = amdt_read_chunk(s, &t, slot, piece, paced);
+        if (ok && paced == NULL)
             amdt_stage_add_bytes(&s->read, t.length);
 
         pthread_mutex_lock(&s->mu);
