@@ -647,14 +647,18 @@ static void amdt_writer_body(amdt_worker *w)
         int err = 0;
         const char *what = "pwrite";
         size_t done = 0;
-        /* A throttled write paces each AMDT_THROTTLE_STEP before writing it and counts it once
-         * written; an unthrottled one writes the chunk in one go and counts it when done. */
+        /* A throttled write reserves the chunk and writes each AMDT_THROTTLE_STEP at the end of
+         * its share of the reserved time, counting it once written; an unthrottled one writes
+         * the chunk in one go and counts it when done. */
         int paced = amdt_stage_throttled(&r->write);
+        amdt_pace pace = {0, 0, 0};
+        if (paced)
+            pace = amdt_throttle_reserve(w, len);
         while (done < len && err == 0) {
             size_t end = len;
             if (paced) {
                 end = len - done < AMDT_THROTTLE_STEP ? len : done + AMDT_THROTTLE_STEP;
-                amdt_throttle_wait(w, amdt_throttle_reserve(w, end - done));
+                amdt_throttle_wait_share(w, pace, end, len);
             }
             size_t from = done;
             while (done < end) {

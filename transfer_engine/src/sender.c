@@ -507,20 +507,24 @@ static int amdt_release_sender_locked(amdt_sfile *f)
 /* Read and hash one chunk piece by piece, each piece hashed right after its pread while it is
  * still in the CPU cache: into `dst` (advance = 1: the slot, copy mode) or through one
  * AMDT_PIECE buffer (advance = 0: zero-copy mode, the bytes stay in the page cache for
- * sendfile). `paced` (a throttled read stage's worker, else NULL): each AMDT_THROTTLE_STEP is
- * paced before it is read and counted once read. Returns the bytes read (short at end of file),
- * or -1 with errno. */
+ * sendfile). `paced` (a throttled read stage's worker, else NULL): the chunk is reserved on the
+ * throttle's clocks and each AMDT_THROTTLE_STEP is read once its share of the reserved window
+ * has passed, and counted once read. Returns the bytes read (short at end of file), or -1 with
+ * errno. */
 static ssize_t amdt_read_hash(amdt_worker *paced, int fd, uint8_t *dst, int advance,
                               uint64_t offset, uint32_t length, uint64_t *hash)
 {
     amdt_hstate hs;
     size_t got = 0, step_end = 0, counted = 0;
+    amdt_pace pace = {0, 0, 0};
+    if (paced != NULL)
+        pace = amdt_throttle_reserve(paced, length);
     amdt_hash_reset(&hs);
     while (got < length) {
         if (paced != NULL && got == step_end) {
             size_t step = length - got < AMDT_THROTTLE_STEP ? length - got : AMDT_THROTTLE_STEP;
-            amdt_throttle_wait(paced, amdt_throttle_reserve(paced, step));
             step_end = got + step;
+            amdt_throttle_wait_share(paced, pace, step_end, length);
         }
         size_t want = length - got < AMDT_PIECE ? length - got : AMDT_PIECE;
         if (paced != NULL && want > step_end - got)
@@ -704,10 +708,10 @@ static void amdt_reader_body(amdt_worker *w)
         }
 
         amdt_worker_set_state(w, AMDT_STATE_BUSY);
-        /* A throttled read paces each step before reading it (the emulated device delivers it
-         * at the end of its reserved time, so bytes are counted at the throttled rate from the
-         * first one) and counts it once read; an unthrottled one counts the chunk once it is
-         * read and checked. */
+        /* A throttled read reserves the chunk and reads each step at the end of its share of
+         * the reserved time (the emulated device delivers it then, so bytes are counted at the
+         * throttled rate from the first one), counting it once read; an unthrottled one counts
+         * the chunk once it is read and checked. */
         amdt_worker *paced = amdt_stage_throttled(&s->read) ? w : NULL;
         int ok = amdt_read_chunk(s, &t, slot, piece, paced);
         if (ok && paced == NULL)

@@ -300,7 +300,7 @@ static inline uint64_t amdt_caught_up(uint64_t next_ns, uint64_t now, uint64_t w
 amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes)
 {
     amdt_stage *st = w->stage;
-    amdt_pace p = {0, 0};
+    amdt_pace p = {0, 0, 0};
     pthread_mutex_lock(&st->thr_mu);
     p.gen = st->thr_gen;
     if (st->thread_bps == 0 && st->total_bps == 0)
@@ -316,21 +316,38 @@ amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes)
      * counted, not flagged. */
     uint64_t waited = __atomic_exchange_n(&w->thr_wait_ns, 0, __ATOMIC_RELAXED);
     now = amdt_caught_up(w->thr_next_ns, now, waited);
+    p.from_ns = now;
     if (st->thread_bps != 0) {
         uint64_t start = w->thr_next_ns > now ? w->thr_next_ns : now;
         w->thr_next_ns = start + amdt_pace_ns(bytes, st->thread_bps);
         p.until_ns = w->thr_next_ns;
+        p.from_ns = start;
     }
     if (st->total_bps != 0) {
         uint64_t tnow = amdt_caught_up(st->total_next_ns, amdt_now_ns(), waited);
         uint64_t start = st->total_next_ns > tnow ? st->total_next_ns : tnow;
         st->total_next_ns = start + amdt_pace_ns(bytes, st->total_bps);
-        if (st->total_next_ns > p.until_ns)
+        if (st->total_next_ns > p.until_ns) {
+            /* the stage's clock decides when the chunk is done: its bytes come in its turn there
+             * (queued behind other chunks), else across the thread's own window */
             p.until_ns = st->total_next_ns;
+            if (start > p.from_ns)
+                p.from_ns = start;
+        }
     }
 done:
     pthread_mutex_unlock(&st->thr_mu);
     return p;
+}
+
+void amdt_throttle_wait_share(amdt_worker *w, amdt_pace pace, uint64_t done, uint64_t length)
+{
+    if (pace.until_ns == 0 || length == 0)
+        return;
+    uint64_t from = pace.from_ns < pace.until_ns ? pace.from_ns : pace.until_ns;
+    pace.until_ns =
+        from + (uint64_t)((double)(pace.until_ns - from) * (double)done / (double)length);
+    amdt_throttle_wait(w, pace);
 }
 
 void amdt_throttle_wait(amdt_worker *w, amdt_pace pace)

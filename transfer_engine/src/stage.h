@@ -110,6 +110,7 @@ void amdt_stage_get_stats(amdt_stage *st, amdt_stage_stats *out);
 void amdt_stage_set_throttle(amdt_stage *st, uint64_t thread_bps, uint64_t total_bps);
 typedef struct amdt_pace {
     uint64_t until_ns; /* 0: no sleep */
+    uint64_t from_ns;  /* when the reserved window begins (until_ns: when it ends) */
     unsigned gen;
 } amdt_pace;
 /* Reserve `bytes` on the thread's and the stage's clocks. */
@@ -117,11 +118,13 @@ amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes);
 /* Sleep until the reservation is due (wakes early on stop or a rate change). */
 void amdt_throttle_wait(amdt_worker *w, amdt_pace pace);
 
-/* A throttled stage's read and write threads pace, and count their bytes, in steps of this many
- * bytes rather than once per chunk: a throttle plays a device that delivers bytes as it goes.
- * Counted per chunk, 8 readers at 10 MB/s with 4 MiB chunks (0.42 s each) that started
- * together read 67 or 100 MB/s an interval by turns on an 80 MB/s path, and a thread added to
- * a stage showed nothing for 0.42 s. Unthrottled stages keep one step per chunk. */
+/* A throttled stage's read and write threads release a chunk's bytes in steps of this many
+ * across the chunk's reserved window, and count each step once done, rather than all at the
+ * window's end: a throttle plays a device that delivers bytes as it goes. Counted per chunk, 8
+ * readers at 10 MB/s with 4 MiB chunks (0.42 s each) that started together read 67 or 100 MB/s
+ * an interval by turns on an 80 MB/s path, and a thread added to a stage showed nothing for
+ * 0.42 s. The reservation stays one per chunk, so chunks still take a stage's total rate in
+ * turn. Unthrottled stages keep one step per chunk. */
 #define AMDT_THROTTLE_STEP (1024 * 1024)
 
 /* Whether the stage has a rate limit now (read without its lock: a limit set in the middle of
@@ -131,5 +134,9 @@ static inline int amdt_stage_throttled(amdt_stage *st)
     return __atomic_load_n(&st->thread_bps, __ATOMIC_RELAXED) != 0 ||
            __atomic_load_n(&st->total_bps, __ATOMIC_RELAXED) != 0;
 }
+
+/* Sleep until the share done / length of the reserved window has passed (the step that ends at
+ * byte `done` of a chunk of `length` bytes is due). */
+void amdt_throttle_wait_share(amdt_worker *w, amdt_pace pace, uint64_t done, uint64_t length);
 
 #endif /* AMDT_STAGE_H */
