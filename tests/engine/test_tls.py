@@ -82,6 +82,8 @@ def test_wrong_key_or_plain_sender_refused_receiver_still_serves(rig, tmp_path, 
             with ctx.wrap_socket(s) as t:
                 t.sendall(b"AMDTDATA" + r.token)
                 t.recv(1)
+    # the rig's own sender connects on its own time (its handshake can come after the refusals)
+    wait_for(lambda: r.rx.stats().connections_total >= 1, timeout=15, what="the rig's sender connected")
     st = r.rx.stats()
     assert st.connections_total == 1 and st.chunks_written == 0  # only the rig's own sender
     # ...and the right sender still gets its file across.
