@@ -287,16 +287,6 @@ static inline uint64_t amdt_pace_ns(uint64_t bytes, uint64_t bps)
     return (uint64_t)((double)bytes * 1e9 / (double)bps);
 }
 
-/* The time a throttle clock due at next_ns counts as now: a clock behind by less than the slack
- * moves on only by the time not spent waiting (waited_ns), never past now. */
-static inline uint64_t amdt_caught_up(uint64_t next_ns, uint64_t now, uint64_t waited_ns)
-{
-    if (next_ns >= now || now - next_ns >= AMDT_THROTTLE_SLACK_NS)
-        return now;
-    uint64_t caught = next_ns + waited_ns;
-    return caught < now ? caught : now;
-}
-
 amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes)
 {
     amdt_stage *st = w->stage;
@@ -317,7 +307,9 @@ amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes)
      * behind when no thread reserves, and crediting it with each thread's working time let a
      * stage total run over its limit (92.5 MB/s in an interval of an 80 MB/s read total). */
     uint64_t waited = __atomic_exchange_n(&w->thr_wait_ns, 0, __ATOMIC_RELAXED);
-    now = amdt_caught_up(w->thr_next_ns, now, waited);
+    if (w->thr_next_ns < now && now - w->thr_next_ns < AMDT_THROTTLE_SLACK_NS &&
+        w->thr_next_ns + waited < now)
+        now = w->thr_next_ns + waited; /* behind: catch up the time spent working, not waiting */
     p.from_ns = now;
     if (st->thread_bps != 0) {
         uint64_t start = w->thr_next_ns > now ? w->thr_next_ns : now;
