@@ -31,49 +31,12 @@ TIMESTEPS = 6_000_000
 
 
 def default_config():
-    """Hyperparameters of the shipped general policy: :class:`PPOConfig`'s single-profile defaults
-    (128 batched envs x 32 steps, minibatch 1024, 5 epochs, 64x64 tanh networks) plus the lines
-    below. ``main`` also keeps only networks from the last quarter of the budget
-    (``train(select_from=0.75)``).
+    """Hyperparameters of the shipped general policy (:func:`automdt.agents.training.shipped_config`,
+    where the reasons for each line are; ``automdt train --profile`` fine-tunes with the same).
+    ``main`` also keeps only networks from the last quarter of the budget (``train(select_from=0.75)``)."""
+    from automdt.agents.training import shipped_config
 
-    The action head (``target``): each stage's next count is chosen among targets anchored on
-    what the stages measured (hold, -1, +1, the threads its flow needs, the threads it needs to
-    carry its neighbour's flow, each +1, double, x4, the bound, half): any count in one step, the
-    exact one a single choice. Trials of absolute counts (1..32, with and without +-1) ramped in
-    two intervals but settled one or more threads off (a read-bound path at 4-7 readers where 8
-    are needed).
-
-    Why the training reward differs from the scored one (k = 1.02): the reward is the noise-free
-    steady-state utility of the triple just chosen (``reward="steady"``), so a full buffer cannot
-    hide a stage cut below its need (the measured utility stays high until the buffer drains),
-    and neither lumps of chunks nor capacity noise blur what one thread is worth; with k = 1.02
-    one surplus thread costs ~0.7% of the utility, so the training base is 1.10, and a cost per
-    changed stage (``change_penalty``) stops swapping between two counts. A 3M-step trial with
-    the measured utility ramped as fast but held 4-7 readers on the issue's path from a wide
-    start; with the steady one it reached 90% within two intervals from every start tried.
-    Selection and every evaluation still use the measured utility at k = 1.02.
-
-    What the episodes look like: the engine's chunk effects (``chunk_range``: a chunk is 0.5% to
-    60% of the slowest stage's per-thread interval; the lumps, the bytes of threads that were cut,
-    the slots busy threads hold), half of them cold starts (1-16 threads, empty buffers), a fifth
-    random, and 30% with the sender buffer 70-100% full and random threads (the drain the shipped
-    policy of before could not see coming).
-    """
-    from automdt.agents.training import PPOConfig
-
-    return PPOConfig(
-        frame_stack=8,  # eight intervals of history: a probe, its answer and some noise averaging
-        features=("noise_level", "need", "spare", "drain"),  # what each stage needs, what a buffer loses
-        episode_steps=60,  # more of each episode spent holding the settled triple
-        gamma=0.8,  # a useful move pays off at once; a short horizon keeps the advantages clean
-        anneal=True,  # lr 1e-3 -> 1e-4 and entropy bonus 0.01 -> 0 over the budget
-        reward="steady",  # training only: the steady-state utility of the chosen triple (no buffer masking)
-        reward_k=1.10,  # training only: a surplus thread costs ~10% of its stage's term
-        change_penalty=0.03,  # training only: per stage whose count an action changes
-        action_head="target",
-        chunk_range=(0.005, 0.6),
-        start_mix=(0.5, 0.2, 0.3),
-    )
+    return shipped_config()
 
 
 def main(argv: list[str] | None = None) -> int:
