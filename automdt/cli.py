@@ -814,16 +814,13 @@ def cmd_train(args) -> int:
             os.makedirs(args.tensorboard, exist_ok=True)
         except OSError as e:
             raise AutomdtError(f"--tensorboard {args.tensorboard}: {e.strerror}", errors.USAGE) from None
-    from automdt.agents.training import PROFILE_EVAL_STARTS, shipped_config, train
+    from automdt.agents.training import profile_settings, train
 
-    # On one profile: fine-tune the shipped default (its network already reaches the target on most
-    # paths, so training often stops at the first evaluation), judged from several starts.
-    one = profile is not None
+    # On one profile: fine-tune the shipped default, judged from several starts.
     rep = train(profile, out, timesteps=args.timesteps, seed=args.seed, k=args.k,
                 random_profiles=profile is None, progress=not args.no_progress and sys.stderr.isatty(),
                 target_fraction=args.target, max_seconds=args.max_seconds, tensorboard_log=args.tensorboard,
-                config=shipped_config() if one else None, init_from="default" if one else None,
-                eval_starts=PROFILE_EVAL_STARTS if one else None)
+                **(profile_settings() if profile is not None else {}))
     _out(f"policy written to {rep.model_path} ({rep.timesteps} steps in {rep.wall_s:.0f} s); "
          f"{rep.fraction_of_oracle:.1%} of the oracle's utility; curve {rep.curve_png}")
     if not rep.reached_target:

@@ -5,8 +5,10 @@ Usage::
     .venv/bin/python benchmarks/bench_train.py [--seeds 0 1 2] [--target 0.95] [--max-seconds 300]
 
 Trains one policy per hand-written path (:func:`~automdt.agents.training.bottleneck_profiles`:
-read-, network- and write-bound) and seed, with the default hyperparameters and early stopping
-at ``--target``, and prints per run: wall seconds to the target (or "not reached" within
+read-, network- and write-bound) and seed as ``automdt train --profile`` does (fine-tuning the
+shipped default, judged from several starts: :func:`~automdt.agents.training.profile_settings`),
+or from scratch with :class:`~automdt.agents.training.PPOConfig`'s defaults (``--scratch``, judged
+from (1, 1, 1) only), with early stopping at ``--target``, and prints per run: wall seconds to the target (or "not reached" within
 ``--max-seconds``), timesteps, the saved network's fraction of the oracle (the mean utility of
 the last 30 of 60 intervals from (1, 1, 1), divided by the oracle's) and the thread counts it
 settles on next to the oracle's. A median over seeds closes each path. Wall times include the
@@ -25,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from automdt.agents.training import bottleneck_profiles, evaluate, train  # noqa: E402
+from automdt.agents.training import bottleneck_profiles, evaluate, profile_settings, train  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--max-seconds", type=float, default=300.0)
     ap.add_argument("--profiles", nargs="+", default=None, help="subset of read-bound net-bound write-bound")
+    ap.add_argument("--scratch", action="store_true", help="train from scratch (PPOConfig defaults), not as the CLI")
     args = ap.parse_args(argv)
 
     import torch
@@ -52,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             for seed in args.seeds:
                 t0 = time.perf_counter()
                 rep = train(prof, os.path.join(tmp, f"{name}-{seed}.zip"), seed=seed, progress=False,
-                            target_fraction=args.target, max_seconds=args.max_seconds)
+                            target_fraction=args.target, max_seconds=args.max_seconds,
+                            **({} if args.scratch else profile_settings()))
                 wall = time.perf_counter() - t0
                 res = evaluate(PPOPolicy.load(rep.model_path), [(name, prof)], steps=60, seed=0)
                 reached = rep.wall_s_to_target is not None
