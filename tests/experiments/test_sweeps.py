@@ -107,8 +107,9 @@ def test_train_tensorboard_logs(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tb = tmp_path / "tb"
+    # --target 1.0: the fine-tuned default would reach 0.95 at the first evaluation, before any update
     code, _, err = run_cli("train", "-o", str(tmp_path / "p.zip"), "--timesteps", "16384", "--tensorboard", str(tb),
-                           "--no-progress", "--profile", _profile(tmp_path), timeout=260)
+                           "--no-progress", "--target", "1.0", "--profile", _profile(tmp_path), timeout=260)
     assert code == 0, err
     runs = sorted(glob.glob(str(tb / "PPO_*")))
     assert [os.path.basename(r) for r in runs] == ["PPO_1"]
