@@ -253,7 +253,7 @@ def explore_and_train(ps: PathSession, st: Any, rd: RunDir, name: str, changes: 
                       ) -> Tuple[Optional[str], Optional[Any], Dict[str, Any]]:
     """``automdt explore`` on the path, then (``train_policy``) ``train`` on the fitted profile:
     (policy path, profile, info)."""
-    from automdt.agents.training import train
+    from automdt.agents.training import profile_settings, train
     from automdt.simulator.profile import Profile
 
     os.makedirs(rd.file("profiles"), exist_ok=True)
@@ -272,7 +272,7 @@ def explore_and_train(ps: PathSession, st: Any, rd: RunDir, name: str, changes: 
         return None, prof, info
     try:
         rep = train(prof, rd.file(f"policies/{name}-own.zip"), seed=st.seed, target_fraction=st.own_target,
-                    max_seconds=st.own_train_s, progress=False, changes=changes)
+                    max_seconds=st.own_train_s, progress=False, changes=changes, **profile_settings())
     except Exception as e:  # noqa: BLE001 - recorded; the other policies still run
         info["error"] = f"training failed: {e}"
         return None, prof, info

@@ -230,7 +230,7 @@ def _own_policies(st: Settings, scenarios: Sequence[Scenario], scratch: Scratch,
     """
     import shutil
 
-    from automdt.agents.training import train
+    from automdt.agents.training import profile_settings, train
     from automdt.explore import explore
     from automdt.sender import TransferOptions
 
@@ -258,7 +258,8 @@ def _own_policies(st: Settings, scenarios: Sequence[Scenario], scratch: Scratch,
         st.log(f"  ppo-own: training on the explored {sc.name} profile (at most {st.own_train_s:.0f} s)")
         try:
             rep = train(prof, os.path.join(pol_dir, f"{sc.name}-own.zip"), seed=st.seed,
-                        target_fraction=st.own_target, max_seconds=st.own_train_s, progress=False)
+                        target_fraction=st.own_target, max_seconds=st.own_train_s, progress=False,
+                        **profile_settings())
         except Exception as e:  # noqa: BLE001
             skipped[f"ppo-own/{sc.name}"] = f"training failed: {e}"
             continue
