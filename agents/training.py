@@ -84,7 +84,7 @@ evaluation policy's own (1, 1, 1), the profile's oracle triple (where the writte
 and two wider ones (capped at the profile's thread bound). From its oracle triple alone, a network
 that merely holds its count scores near 1.0: a randomly initialised one trained 128 steps did,
 and on the engine it then went from (2, 2, 8) to (1, 1, 32) on the write-bound path it was trained
-for (0.45 of the oracle in the simulator without the floor, from any start)."""
+for (0.43-0.66 of the oracle in the simulator without the floor, from every start tried)."""
 EVAL_SEED = 1_000_003
 """Seed of the evaluation episodes during training (fixed; they never touch the global generators)."""
 EVAL_PROFILE_SEED = 0x5EED_E7A1
@@ -336,7 +336,7 @@ def evaluate(
     for j, (name, prof) in enumerate(profiles):
         fractions = []
         for i, start in enumerate(starts or [None]):
-            if isinstance(start, str) and start == "oracle":
+            if start == "oracle":
                 start = oracle(prof, k=k).threads
             triple: Optional[Tuple[int, int, int]] = None
             if start is not None:
