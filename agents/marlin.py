@@ -22,16 +22,13 @@ too-high region back to the best value it has seen.
 """
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import Deque, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from automdt.policy_contract import Observation, Triple, clamp_triple
+from automdt.policy_contract import K_DEFAULT, Observation, Triple, clamp_triple, finite  # noqa: F401 (re-exported)
 
-K_DEFAULT = 1.02
-"""Thread-cost base of the utilities (AutoMDT/Marlin/Falcon configs)."""
 B_DEFAULT = 10.0
 """Severity of the packet-loss penalty."""
 CC_CHANGE_LIMIT = 5
@@ -42,15 +39,6 @@ SOFT_LIMIT_WINDOW = 20
 """Observations the soft limit looks back over."""
 BUFFER_THRESHOLD_FRAC = 0.3
 """Read-penalty threshold as a fraction of the sender buffer (Marlin's first commit: 15 of 50 GB)."""
-
-
-def finite(x: float) -> float:
-    """``x`` as a float, with NaN/inf/negative measurements read as 0."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return 0.0
-    return v if math.isfinite(v) and v > 0.0 else 0.0
 
 
 def loss_ratio(loss: float) -> float:

@@ -12,6 +12,7 @@ themselves (the PPO agent through :class:`automdt.simulator.pipeline.Observation
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Protocol, Tuple, runtime_checkable
 
@@ -20,6 +21,9 @@ Triple = Tuple[int, int, int]
 
 STAGES = ("read", "net", "write")
 """The three stages, in the order of every triple."""
+
+K_DEFAULT = 1.02
+"""Thread-cost base of the utility ``sum_i t_i / K^n_i`` (AutoMDT, Marlin and Falcon use 1.02)."""
 
 
 @dataclass(frozen=True)
@@ -84,3 +88,12 @@ def clamp_triple(t: Iterable[Any], max_threads: int) -> Triple:
     """Round and clip a triple of thread counts into ``[1, max_threads]``."""
     r, n, w = (int(min(max(1, round(float(x))), max_threads)) for x in t)
     return (r, n, w)
+
+
+def finite(x: Any) -> float:
+    """``x`` as a float, with NaN/inf/negative measurements read as 0."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return 0.0
+    return v if math.isfinite(v) and v > 0.0 else 0.0

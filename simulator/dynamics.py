@@ -710,6 +710,21 @@ class SimCore:
         self.profile_changes = np.zeros(n, dtype=np.int64)
         """Changes so far in each env's episode."""
 
+    def set_stages(self, rows: np.ndarray, profile: Profile) -> None:
+        """The path of ``rows`` changes now: from the next interval on, their stages run with
+        ``profile``'s per-thread rates, bandwidths and contention (buffers, noise and the thread
+        bound stay). The reward's normalisation follows, as with :class:`ProfileChanges`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.tpt[rows], self.bw[rows] = profile.tpt_array(), profile.bandwidth_array()
+        sig, kap = profile.contention_arrays()
+        if sig is not None and self.sigma is None:
+            self.sigma, self.kappa = np.zeros((self.num_envs, 3)), np.zeros((self.num_envs, 3))
+        if self.sigma is not None and self.kappa is not None:
+            self.sigma[rows] = 0.0 if sig is None else sig
+            self.kappa[rows] = 0.0 if kap is None else kap
+        self.scale[rows] = self._scale(rows)
+        self.profile_changes[rows] += 1
+
     def _scale(self, rows: np.ndarray | None) -> np.ndarray:
         """The reward normalisation of ``rows``: each env's achievable rate (the weakest stage's peak)."""
         sel = slice(None) if rows is None else rows

@@ -273,6 +273,13 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
         truncated = bool(self._core.steps[0] >= self.episode_steps)
         return self._core.obs[0].copy(), float(self._core.reward[0]), False, truncated, self._info()
 
+    def set_path(self, profile: Profile) -> None:
+        """The path changes now (a moving bottleneck, a link that halves, a transfer that joins):
+        the next :meth:`step` runs on ``profile``'s stages; the buffers, their contents, the noise
+        and the thread bound stay. :attr:`episode_profile` and the reward's normalisation follow."""
+        assert not self._needs_reset, "Call reset before using set_path."
+        self._core.set_stages(np.array([0]), profile)
+
     # ------------------------------------------------------------------ accessors
     @property
     def threads(self) -> Triple:
