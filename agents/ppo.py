@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from automdt.agents.base import clamp_triple
-from automdt.agents.guard import FloorGuard
 from automdt.simulator.contract import (  # noqa: F401
     ACTION_HEADS,
     FEATURES,
@@ -497,10 +496,9 @@ class PPOPolicy:
         ``policy_kwargs``, ``action_space``, ``start``...).
     :param path: the policy file, if any.
     :param label: the name reported in logs (``ppo:default``, ``ppo:PATH``); default ``ppo``.
-    :param guard: put a :class:`~automdt.agents.guard.FloorGuard` under the actor's choices (it
-        raises the stage that limits the transfer when the delivered rate stays below what the
-        transfer reached); default: on, unless the environment sets ``AUTOMDT_GUARD=0`` (for
-        comparisons).
+
+    The policy is the network alone; ``shield:ppo`` (:class:`automdt.agents.shield.Shield`) puts the
+    shield around it.
     """
 
     def __init__(
@@ -512,12 +510,8 @@ class PPOPolicy:
         metadata: Optional[Dict[str, Any]] = None,
         path: Optional[Path] = None,
         label: Optional[str] = None,
-        guard: Optional[bool] = None,
     ) -> None:
         self.metadata = dict(metadata or {})
-        if guard is None:
-            guard = os.environ.get("AUTOMDT_GUARD", "1").strip() not in ("0", "")
-        self.guard = FloorGuard(int(self.metadata.get("max_threads", 32))) if guard else None
         self._network = None
         self._actor: Optional[ActorMLP] = None
         self._load_actor: Optional[Callable[[], ActorMLP]] = None
@@ -553,9 +547,6 @@ class PPOPolicy:
         self._rng: Any = None
         self._seed: Optional[int] = None
         self._last_encoding: Any = None
-        self.annotation: Dict[str, Any] = {}
-        """Fields for the interval log about the last :meth:`act` (``guard``: what the floor did,
-        :attr:`automdt.agents.guard.FloorGuard.note`)."""
 
     @property
     def actor(self) -> ActorMLP:
@@ -567,14 +558,13 @@ class PPOPolicy:
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike], *, deterministic: bool = True,
-             label: Optional[str] = None, guard: Optional[bool] = None) -> "PPOPolicy":
+             label: Optional[str] = None) -> "PPOPolicy":
         """Load a policy file written by :func:`automdt.agents.training.train`.
 
         Nothing in the zip is unpickled (see the module docstring) and torch is not needed; the
         weights must fit the network described by the metadata and the current simulator's spaces.
 
         :param label: the policy's name in logs; default ``ppo:<path>``.
-        :param guard: see :class:`PPOPolicy` (default: on unless ``AUTOMDT_GUARD=0``).
         :raises ValueError: one line, ``"<path>: not an AutoMDT policy (<why>)"``, if the file is
             missing, not a zip, lacks its metadata, does not match its recorded sha256, was
             trained for other observation/action spaces, or holds weights of another shape; or
@@ -582,8 +572,7 @@ class PPOPolicy:
         """
         p, meta = check_policy_file(path)
         actor = _read_actor(p, meta)
-        return cls(actor, deterministic=deterministic, metadata=meta, path=p, label=label or f"ppo:{os.fspath(path)}",
-                   guard=guard)
+        return cls(actor, deterministic=deterministic, metadata=meta, path=p, label=label or f"ppo:{os.fspath(path)}")
 
     @property
     def network(self) -> Any:
@@ -611,8 +600,6 @@ class PPOPolicy:
         self._encoder = self._input = None  # a fresh pipeline on the first act
         self._seed = seed
         self._rng = None  # made on first use: numpy.random is not imported for deterministic policies
-        if self.guard is not None:
-            self.guard.reset(self.max_threads)
         return clamp_triple(self.start_threads, self.max_threads)
 
     def network_input(self, obs: Observation) -> Any:
@@ -642,18 +629,7 @@ class PPOPolicy:
         need = need_from_encoding(self._last_encoding, self.train_max_threads)
         new = actions_to_threads(action.reshape(1, -1), np.asarray(obs.threads, dtype=np.int64).reshape(1, 3),
                                  self.max_threads, self.action_head, self.train_max_threads, need)[0]
-        new = clamp_triple(new, self.max_threads)
-        if self.guard is None:
-            return new
-        out = self.guard(obs, new)
-        self.annotation = {"guard": self.guard.note} if self.guard.note else {}
-        return out
-
-    def tail_hold(self, current: Triple) -> Triple:
-        """The counts to hold through a run's tail (the controller asks no policy there): the
-        current ones, or, if the floor's trial cut was still being judged, the count it cut from
-        (a cut nobody judges must not stay)."""
-        return self.guard.end_trials(current) if self.guard is not None else current
+        return clamp_triple(new, self.max_threads)
 
     def _mode(self, x: Any) -> Any:
         """The most likely action for one network input (as SB3 ``predict(deterministic=True)``)."""

@@ -4,7 +4,11 @@ Specs:
 
 * ``static:R,N,W``: fixed thread counts;
 * ``globus``: Globus-like concurrency 4 x parallelism 8, i.e. ``(4, 32, 4)`` clipped;
-* ``marlin``, ``falcon``, ``heuristic`` (Arslan et al.), ``model`` (Jung et al.): the baselines;
+* ``marlin``, ``falcon``, ``heuristic`` (Arslan et al.), ``model`` (Jung et al.), ``topdown``
+  (adaptiSeq's knee search): the baselines;
+* ``capacity``: the model-based controller on capacity curves measured from busy-time counters;
+* ``shield:SPEC``: the policy ``SPEC`` under the shield (:class:`~automdt.agents.shield.Shield`);
+* ``default``: :data:`DEFAULT_POLICY`, what ``automdt transfer`` runs without ``--policy``;
 * ``ppo``, ``ppo:PATH``, or a path ending in ``.zip``: a PPO policy file, loaded by
   ``automdt.agents.ppo.load_policy`` (imported only then; numpy inference, no torch);
 * ``oracle``: the simulator's oracle, from ``automdt.simulator.oracle`` (simulator only; needs
@@ -40,8 +44,18 @@ _FACTORIES: Dict[str, Union[PolicyFactory, str]] = {
     "falcon": "automdt.agents.falcon:FalconPolicy",
     "heuristic": "automdt.agents.heuristic:HeuristicPolicy",
     "model": "automdt.agents.model_based:ModelBasedPolicy",
+    "topdown": "automdt.agents.topdown:TopDownPolicy",
+    "capacity": "automdt.agents.capacity:CapacityPolicy",
 }
 _ALIASES: Dict[str, str] = {"arslan": "heuristic", "jung": "model", "model-based": "model", "model_based": "model"}
+
+DEFAULT_POLICY = "shield:capacity"
+"""The spec ``automdt transfer`` runs when no ``--policy`` is given (also ``--policy default``):
+the counter-fitted model controller under the shield, the best controller of the ablation
+(``python -m automdt.experiments ablation``)."""
+
+SHIELD_PREFIX = "shield:"
+"""``shield:SPEC`` wraps the policy ``SPEC`` in :class:`~automdt.agents.shield.Shield`."""
 
 ORACLE_FACTORY = "oracle_policy"
 """Factory ``automdt.simulator.oracle`` may provide for the ``oracle`` spec:
@@ -51,13 +65,14 @@ ORACLE_FACTORY = "oracle_policy"
 
 def available_policies() -> List[str]:
     """The spec forms :func:`make_policy` accepts, for help texts and error messages."""
-    return ["static:R,N,W", *sorted(_FACTORIES), "ppo", "ppo:PATH", "PATH.zip", "oracle", "MODULE:FACTORY"]
+    return ["default", "static:R,N,W", *sorted(_FACTORIES), "ppo", "ppo:PATH", "PATH.zip", "oracle",
+            "MODULE:FACTORY", "shield:SPEC"]
 
 
 def register_policy(name: str, factory: PolicyFactory) -> None:
     """Make ``make_policy(name, max_threads, **kw)`` call ``factory(max_threads=..., **kw)``."""
     key = name.strip().lower()
-    if not key or ":" in key or key.endswith(".zip") or key in ("static", "ppo", "oracle"):
+    if not key or ":" in key or key.endswith(".zip") or key in ("static", "ppo", "oracle", "default"):
         raise ValueError(f"cannot register a policy under {name!r}")
     _FACTORIES[key] = factory
 
@@ -146,6 +161,11 @@ def check_spec(spec: str) -> None:
         raise _unknown(str(spec))
     raw = spec.strip()
     key = _ALIASES.get(raw.lower(), raw.lower())
+    if key == "default":
+        return
+    if key.startswith(SHIELD_PREFIX):
+        check_spec(raw[len(SHIELD_PREFIX):])
+        return
     if key.startswith("static:") or key == "static":
         parse_static(raw, max_threads=1 << 30)
         return
@@ -190,6 +210,12 @@ def make_policy(spec: str, max_threads: int, **kw: Any) -> Policy:
         raise ValueError(f"max_threads must be >= 1, got {max_threads!r}")
     raw = spec.strip()
     key = raw.lower()
+    if key == "default":
+        return make_policy(DEFAULT_POLICY, max_threads, **kw)
+    if key.startswith(SHIELD_PREFIX):
+        from automdt.agents.shield import Shield
+
+        return Shield(make_policy(raw[len(SHIELD_PREFIX):], max_threads, **kw), max_threads=int(max_threads))
     if key.startswith("static:") or key == "static":
         if kw:
             raise ValueError(f"static policy takes no options, got {sorted(kw)}")

@@ -105,9 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("dest", help="local directory, or HOST:PORT[/SUBDIR] of a running `automdt receive`")
     _add_engine_options(t)
     t.add_argument("--policy", metavar="SPEC", default=None, type=A.nonempty,
-                   help="thread-count policy: ppo (the shipped default policy; the default unless --threads is "
-                        "given), PATH.zip or ppo:PATH (a policy from `automdt train`), marlin, falcon, globus "
-                        "(static 4,32,4), static:R,N,W, heuristic, model, or MODULE:FACTORY (your own class)")
+                   help="thread-count policy: default (the shield around the capacity controller; the default "
+                        "unless --threads is given), capacity, ppo (the shipped PPO network), PATH.zip or ppo:PATH (a "
+                        "policy from `automdt train`), marlin, falcon, globus (static 4,32,4), static:R,N,W, "
+                        "heuristic, model, topdown, shield:SPEC (SPEC under the shield), or MODULE:FACTORY "
+                        "(your own class)")
     t.add_argument("--checksum", action="store_true", help="skip files by content digest instead of size+mtime")
     t.add_argument("--max-duration", type=A.seconds(), metavar="SECONDS",
                    help="stop cleanly after SECONDS (> 0; exit 10); the next run resumes")
@@ -262,14 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
     _debug_option(tu)
 
     sm = sub.add_parser("simulate", help="evaluate a policy in the simulator against the oracle",
-                        description="Run a policy (a trained zip, ppo for the shipped default, or a baseline: "
-                                    "static:R,N,W, globus, marlin, falcon, heuristic, model, oracle, "
-                                    "MODULE:FACTORY) in the simulator on a profile and compare its utility with "
+                        description="Run a policy (default, a trained zip, ppo for the shipped PPO network, or a "
+                                    "baseline: static:R,N,W, globus, marlin, falcon, heuristic, model, topdown, capacity, "
+                                    "oracle, shield:SPEC, MODULE:FACTORY) in the simulator on a profile and compare its utility with "
                                     "the oracle's.", epilog=EPILOG_EXIT)
     sm.add_argument("--profile", required=True, metavar="PROFILE.yaml", type=A.nonempty,
                     help="profile to simulate (from `automdt explore`)")
-    sm.add_argument("--policy", default="ppo", metavar="SPEC", type=A.nonempty,
-                    help="policy to evaluate (default ppo: the shipped policy); see `automdt transfer --help`")
+    sm.add_argument("--policy", default="default", metavar="SPEC", type=A.nonempty,
+                    help="policy to evaluate (default: what `automdt transfer` runs); see `automdt transfer --help`")
     sm.add_argument("--steps", type=A.integer(1, 1_000_000), default=60, metavar="N",
                     help="control intervals to simulate (default 60)")
     sm.add_argument("--seed", type=A.integer(0), default=0, help="seed of the simulator's noise (default 0)")
@@ -319,7 +321,7 @@ def _resolve_policy(args, max_threads: int):
     if args.policy is None and args.threads is not None:
         triple = parse_threads(args.threads)
         return StaticPolicy(*triple), triple, None
-    spec = args.policy or "ppo"
+    spec = args.policy or "default"
     if spec.strip().lower() == "oracle":
         raise AutomdtError(ORACLE_ONLY_IN_SIMULATOR, errors.USAGE)
     try:

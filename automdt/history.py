@@ -178,9 +178,8 @@ def record_from_intervals(records: Sequence[Any], *, policy: str = "", max_threa
             if isinstance(r, IntervalRecord) or isinstance(r, dict) and "threads" in r and "bytes" in r]
     if not recs:
         return None
-    # left out: the tail (the source read, the buffers draining) and intervals that ran a probe
-    # of the policy's floor (agents/guard.py) on trial
-    body = [r for r in recs if not r.extra.get("tail") and not str(r.extra.get("guard", "")).startswith("trial:probe")]
+    # left out: the tail (the source read, the buffers draining) and intervals the shield drove
+    body = [r for r in recs if not r.extra.get("tail") and not r.extra.get("shield")]
     recs_used = body if len(body) >= 3 else recs
     window = recs_used[:-1] if len(recs_used) >= 3 else recs_used  # the last one usually drains already
     window = window[len(window) // 2:]

@@ -142,7 +142,7 @@ def test_record_from_intervals():
     assert history.start_threads(_rec()) == (7, 3, 3)  # readers (6 of 6) and writers (2 of 2) fully used
     # the tail (source read, buffers draining: "tail": true) is left out, however long it is
     tail = [dict(iv((8, 3, 2), 2e7, busy=(0.0, 0.5, 0.5)), tail=True)] * 8
-    probe = [dict(iv((10, 4, 2), 8e7, busy=(10.0, 2.0, 0.5)), guard="trial:probe")] * 7  # the floor's probe on trial
+    probe = [dict(iv((10, 4, 2), 8e7, busy=(10.0, 2.0, 0.5)), shield="fallback")] * 7  # the shield's fallback drove
     rec = history.record_from_intervals(ramp + steady + probe + tail)
     assert rec.settled == (8, 3, 2) and rec.throughput_bps == 8e7 and rec.intervals == 24
     assert rec.rates_bps == (10 * MB / 8.0, 10 * MB / 2.0, 10 * MB / 0.5)
@@ -375,6 +375,7 @@ def test_controller_applies_the_start_logs_it_and_keeps_the_bound():
                    start=start, bound=3)
     assert c.start() == (3, 3, 3) and applied == [(3, 3, 3)]
     first = json.loads(log.getvalue().splitlines()[0])
+    first.pop("controller")  # the settings (tests/automdt/test_controller.py)
     assert first == {"t": 0.0, "start": {"threads": {"read": 3, "net": 3, "write": 3}, "source": "cold"},
                      "policy": "ppo:x"}
     c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)

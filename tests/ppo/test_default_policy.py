@@ -1,17 +1,7 @@
-"""The shipped default policy (automdt/data/default_policy.zip): loads, and finds the bottleneck
-on hand-written read-, network- and write-bound paths that it never saw in training.
-
-Measured for the shipped file (scripts/train_default_policy.py: seed 0, 6M timesteps, the
-steady-state training reward; 2026-11-24) with its floor (agents/guard.py), 60 intervals from
-(1, 1, 1), seeds 0-2: read-bound 0.98-0.99 of the oracle's utility with 11-12 readers where 10 do,
-net-bound 0.96-0.97 with 12 connections where 13 do, write-bound 0.99-1.00 with 15-16 writers
-where 15 do (the bare policy: read-bound 0.99-1.00, net-bound 0.75-0.83 with 9-10 connections,
-write-bound 0.99 with 17-18 writers). In the simulator with the engine's chunk effects it
-reaches 90% of the achievable rate within two intervals from its cold start on every scenario.
-
-Shortfalls against issue 10's targets are listed in :data:`KNOWN_SHORTFALLS` with what was
-measured: such a case reports xfail with its figures when it fails and passes when a retrained
-policy (or a better floor) meets it; any other failure fails.
+"""The shipped default controller (``automdt transfer`` without ``--policy``: the shield around the
+capacity controller) finds the bottleneck on hand-written read-, network- and write-bound paths that
+no tuning saw, ramps within two intervals from its cold start, holds, and is never stuck below
+capacity while a full buffer drains; and the shipped PPO files stay consistent.
 """
 from __future__ import annotations
 
@@ -26,16 +16,8 @@ from tests.ppo.conftest import held_out_profiles
 SEEDS = (0, 1, 2)
 
 KNOWN_SHORTFALLS: dict = {}
-"""Issue 10 targets the shipped policy misses, as measured. The policy runs with its floor
-(agents/guard.py), as it does in ``simulate`` and ``transfer``. The bare policy (``AUTOMDT_GUARD=0``)
-missed more: net-bound 0.75-0.83 of the oracle with 9-10 connections where 13 do, write-bound
-17-18 writers where 15 do, and a six-interval dip (readers cut to 6-7) from (16, 5, 2) with a
-full sender buffer; with the floor's raises and probes those cases pass and are not listed. Its trims
-(threads cut where a limit shares a stage's rate out) took two off: 11-12 readers where 10 do
-on the held-out read-bound path, and the write-bound path's writers (10 where 8 do). The last one,
-the write-bound path held at (2, 4, 8) where (2, 2, 8) reaches 95% (the network waiting behind a
-full receiver buffer, so never trimmed), went with the trim of stages that wait on a full buffer
-(2026-11-25): the table is empty, and a case that fails again fails the suite."""
+"""Targets the shipped default misses, as measured: such a case reports xfail with its figures when it
+fails; any other failure fails. Empty: every case here passes."""
 
 
 def _check(ok, key, detail):
@@ -47,9 +29,9 @@ def _check(ok, key, detail):
 
 @pytest.fixture(scope="module")
 def default_policy():
-    from automdt.agents.ppo import load_policy
+    from automdt.agents.registry import make_policy
 
-    return load_policy("default")
+    return make_policy("default", 32)
 
 
 def _run(policy, name, seed):
@@ -64,9 +46,10 @@ def _run(policy, name, seed):
     return traj, b, detail
 
 
-def test_shipped_files_are_consistent(default_policy):
-    from automdt.agents.ppo import default_policy_path
+def test_shipped_files_are_consistent():
+    from automdt.agents.ppo import default_policy_path, load_policy
 
+    ppo = load_policy("ppo")
     path = default_policy_path()
     meta = json.loads(path.with_name(path.name + ".json").read_text())
     assert meta["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
@@ -75,7 +58,7 @@ def test_shipped_files_are_consistent(default_policy):
     assert meta["stop_reason"] == "timesteps", "the shipped policy is trained on a fixed budget (reproducible)"
     assert sorted(meta["held_out"]["results"]) == ["net-bound", "read-bound", "write-bound"]
     assert path.stat().st_size < 1_000_000, "the shipped policy should stay small"
-    assert default_policy.metadata["sha256"] == meta["sha256"]
+    assert ppo.metadata["sha256"] == meta["sha256"]
 
 
 @pytest.mark.parametrize("name", sorted(held_out_profiles()))
@@ -122,7 +105,7 @@ def _behaviour_paths():
 @pytest.mark.parametrize("name", ["read-bound", "net-bound", "write-bound", "read-bound-250", "net-bound-250",
                                   "write-bound-250"])
 def test_cold_start_reaches_90_percent_within_two_intervals(default_policy, name):
-    """From the policy's own cold start (metadata ``start``), as a transfer without history."""
+    """From the controller's own cold start, as a transfer without history."""
     from automdt.experiments.behaviour import sim_episode
 
     for seed in (0, 1):
@@ -132,10 +115,8 @@ def test_cold_start_reaches_90_percent_within_two_intervals(default_policy, name
 
 @pytest.mark.parametrize("start", [(16, 5, 2), (32, 8, 2), (8, 5, 2)])
 def test_never_stuck_below_capacity_while_the_sender_buffer_drains(default_policy, start):
-    """Issue 10's read-bound path with the sender buffer full: the readers may be cut to what the
-    link takes, never below it for more than two intervals (the shipped policy of before held 5
-    readers, 62% of the achievable rate, once the buffer had drained; the one shipped now cut them
-    to 6-7 for six intervals from (16, 5, 2) until the floor under it, agents/guard.py)."""
+    """A read-bound path with the sender buffer full: the readers may be cut to what the link
+    takes, never below it for more than two intervals once the buffer has drained."""
     from automdt.experiments.behaviour import sim_episode
 
     for seed in (0, 1):

@@ -1,0 +1,166 @@
+"""The shield: a small monitor between any policy and the thread counts it sets.
+
+A policy can come to rest far below what the path delivers, for instance every stage cut to a
+few threads with both buffers full after the bottleneck moved. The shield watches one thing: the
+delivered rate (the write stage's) against the best rate the transfer *held* (two intervals in a
+row) within the last :data:`MEMORY` intervals. When the delivered rate stays below :data:`LOW` of
+it for :data:`PATIENCE` intervals while the busiest stage could still use more threads (it is
+busy, its rate per busy thread is not shared out by a total limit, and it is below the thread
+bound), the shield hands the counts to :class:`Fallback` for :data:`HOLD` intervals, as Canopy
+falls back to Cubic. The fallback gives every stage the threads that carry that best rate at the
+stage's measured rate per busy thread, plus :data:`HEADROOM`. Otherwise the policy's choice
+stands. The policy observes every interval, whoever chose the counts.
+
+The shield reads only the :class:`~automdt.policy_contract.Observation` (throughputs, threads,
+busy and waiting thread-seconds), which the simulator and the live engine both produce, so the
+same object wraps a policy in training (:class:`automdt.agents.shield_env.ShieldedEnv`) and in a
+transfer. Observations without busy thread-seconds pass through unchanged.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional
+
+from automdt.policy_contract import Observation, Triple, clamp_triple
+
+LOW = 0.5
+"""Share of the best held rate below which the delivered rate is far too low."""
+PATIENCE = 2
+"""Intervals in a row far too low before the shield takes over (one can be a change settling)."""
+HOLD = 3
+"""Intervals the fallback drives once the shield takes over."""
+MEMORY = 10
+"""Intervals over which the best held rate and each stage's rate per busy thread are remembered."""
+BUSY = 0.9
+"""Share of a stage's thread-seconds spent busy from which it limits the transfer."""
+SHARED = 0.75
+"""A stage whose rate per busy thread is below this share of its best is held by a total limit:
+more threads would only share the same rate."""
+HEADROOM = 0.2
+"""Extra share of the target rate the fallback provisions for (noise and chunk lumps)."""
+MIN_BUSY_S = 0.25
+"""Busy thread-seconds a stage needs in an interval before its rate per busy thread counts."""
+
+
+class Fallback:
+    """The simple controller the shield hands over to; also a :class:`Policy` on its own (the
+    controller's safe choice when a policy keeps failing): every stage gets the threads that carry
+    ``(1 + HEADROOM)`` times the best held rate at its best recent rate per busy thread."""
+
+    name = "fallback"
+
+    def __init__(self, max_threads: int = 32) -> None:
+        self.reset(max_threads)
+
+    def reset(self, max_threads: int, seed: Optional[int] = None) -> Triple:
+        self.max_threads = int(max_threads)
+        self.delivered: Deque[float] = deque(maxlen=MEMORY + 1)
+        self.per_thread: List[Deque[float]] = [deque(maxlen=MEMORY) for _ in range(3)]
+        self.threads: Triple = (1, 1, 1)
+        return self.threads
+
+    def observe(self, obs: Observation) -> None:
+        """Remember the interval's delivered rate and each stage's rate per busy thread."""
+        self.threads = tuple(int(n) for n in obs.threads)  # type: ignore[assignment]
+        self.delivered.append(max(0.0, float(obs.throughput_bps[2])))
+        for s in range(3):
+            busy = obs.busy_s[s] if obs.busy_s is not None else 0.0
+            if busy >= MIN_BUSY_S:
+                self.per_thread[s].append(obs.throughput_bps[s] * obs.interval_s / busy)
+
+    def best_held(self) -> float:
+        """The best rate delivered in two intervals in a row within :data:`MEMORY` intervals."""
+        d = list(self.delivered)
+        return max((min(a, b) for a, b in zip(d, d[1:])), default=0.0)
+
+    def rate(self, s: int) -> float:
+        """Stage ``s``'s best recent rate per busy thread (bytes/s), 0 when unknown."""
+        return max(self.per_thread[s], default=0.0)
+
+    def choose(self) -> Triple:
+        """The counts that carry the best held rate with :data:`HEADROOM` (a stage whose rate per
+        thread is unknown doubles)."""
+        target = (1.0 + HEADROOM) * self.best_held()
+        out = []
+        for s in range(3):
+            rate = self.rate(s)
+            out.append(math.ceil(target / rate) if rate > 0.0 and target > 0.0 else 2 * self.threads[s])
+        return clamp_triple(out, self.max_threads)
+
+    def act(self, obs: Observation) -> Triple:
+        self.observe(obs)
+        return self.choose()
+
+
+class Shield:
+    """Wraps ``policy`` (any :class:`Policy`; ``None`` when only :meth:`filter` is used, as the
+    training wrapper does) and overrides it while the transfer sits far below its best held rate.
+
+    :attr:`note` says what the shield did in the last interval (``""``, ``"takeover"``,
+    ``"fallback"``) for the interval log.
+    """
+
+    def __init__(self, policy: Any = None, max_threads: int = 32) -> None:
+        self.policy = policy
+        self.name = f"shield:{getattr(policy, 'name', type(policy).__name__)}" if policy is not None else "shield"
+        self.fallback = Fallback(max_threads)
+        self.reset_state(max_threads)
+
+    def reset_state(self, max_threads: int) -> None:
+        self.fallback.reset(max_threads)
+        self.short = 0
+        self.hold = 0
+        self.note = ""
+
+    def reset(self, max_threads: int, seed: Optional[int] = None) -> Triple:
+        self.reset_state(max_threads)
+        return self.policy.reset(max_threads, seed)
+
+    def start_from(self, threads: Triple) -> None:
+        hook = getattr(self.policy, "start_from", None)
+        if callable(hook):
+            hook(threads)
+
+    @property
+    def annotation(self) -> Dict[str, Any]:
+        """The policy's annotation for the interval log, with ``shield`` when the shield acted."""
+        inner = getattr(self.policy, "annotation", None) or {}
+        return dict(inner, shield=self.note) if self.note else dict(inner)
+
+    def __getattr__(self, name: str) -> Any:  # start_source, start_threads... of the policy
+        policy = self.__dict__.get("policy")
+        if policy is None:
+            raise AttributeError(name)
+        return getattr(policy, name)
+
+    def act(self, obs: Observation) -> Triple:
+        return self.filter(obs, self.policy.act(obs))
+
+    def filter(self, obs: Observation, proposed: Triple) -> Triple:
+        """The counts to run next, given the policy's ``proposed`` ones after ``obs``."""
+        fb = self.fallback
+        fb.observe(obs)
+        self.note = ""
+        if obs.busy_s is None or obs.wait_s is None:
+            return proposed
+        best = fb.best_held()
+        recent = list(fb.delivered)[-2:]
+        low = best > 0.0 and sum(recent) / len(recent) < LOW * best
+        self.short = self.short + 1 if low and self._could_add(obs) else 0
+        if self.hold == 0 and self.short >= PATIENCE:
+            self.hold, self.short, self.note = HOLD, 0, "takeover"
+        if self.hold > 0:
+            self.hold -= 1
+            self.note = self.note or "fallback"
+            return fb.choose()
+        return proposed
+
+    def _could_add(self, obs: Observation) -> bool:
+        """The busiest stage is busy, not held by a total limit, and below the thread bound."""
+        assert obs.busy_s is not None and obs.wait_s is not None
+        util = [b / (b + w) if b + w > 0 else 0.0 for b, w in zip(obs.busy_s, obs.wait_s)]
+        s = max(range(3), key=lambda i: util[i])
+        best = self.fallback.rate(s)
+        now = obs.throughput_bps[s] * obs.interval_s / obs.busy_s[s] if obs.busy_s[s] >= MIN_BUSY_S else 0.0
+        return util[s] >= BUSY and now >= SHARED * best and obs.threads[s] < self.fallback.max_threads
