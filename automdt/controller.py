@@ -14,12 +14,40 @@ counts started and why (:mod:`automdt.start`).
 from __future__ import annotations
 
 import json
-import os
+import logging
 import time
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
 
 from automdt.interval import IntervalRecord
 from automdt.policy_contract import STAGES, Observation, Policy, Triple, clamp_triple
+
+log = logging.getLogger("automdt.controller")
+
+MAX_POLICY_FAILURES = 3
+"""Intervals in a row in which the policy raises or returns no valid triple before the controller
+hands the run to the shield's fallback controller for good."""
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """How the controller treats the edges of a run (recorded in the interval log's ``start``
+    record; experiments change them to measure what they are worth, ``automdt transfer`` uses the
+    defaults).
+
+    :param early_intervals: the first intervals of a policy that takes a start, as fractions of
+        ``interval_s`` (:data:`EARLY_INTERVALS`; ``()`` none); baselines never get them.
+    :param end_hold: hold the counts while what is left to write would be written within one
+        interval (the change could not pay back what it costs).
+    :param warm_hold: hold a start from the job's history until the pipeline delivers.
+    """
+
+    early_intervals: Tuple[float, ...] = (0.5, 0.5)
+    end_hold: bool = True
+    warm_hold: bool = True
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 if TYPE_CHECKING:
     from automdt.transfer_engine.engine import BufferStats, ReceiverStats, SenderStats
@@ -40,11 +68,19 @@ class Controller:
         reply): the write count the controller applies never exceeds it.
     :param early_intervals: lengths in seconds of the first intervals (each at most ``interval_s``),
         after which every interval is ``interval_s`` long; None: :func:`default_early_intervals`.
+    :param settings: the run's :class:`ControllerSettings` (default: the defaults).
+
+    A policy that raises, or returns something that is not a triple of counts, does not end the
+    transfer: the counts stay, one warning per kind of failure names the policy and the error, and
+    after :data:`MAX_POLICY_FAILURES` failing intervals in a row the shield's fallback controller
+    (:class:`automdt.agents.shield.Fallback`) drives the rest of the run.
     """
 
     def __init__(self, policy: Policy, apply: Callable[[Triple], None], interval_s: float = 1.0,
                  max_threads: int = 32, log_file: Any = None, start: Any = None, bound: Optional[int] = None,
-                 write_max: Optional[int] = None, early_intervals: Optional[Sequence[float]] = None):
+                 write_max: Optional[int] = None, early_intervals: Optional[Sequence[float]] = None,
+                 settings: Optional[ControllerSettings] = None):
+        self.settings = settings or ControllerSettings()
         self.policy = policy
         self.apply = apply
         self.interval_s = interval_s
@@ -59,7 +95,7 @@ class Controller:
                 self.limit = max(1, min(max_threads, int(bound)))
         self.write_max = max(1, int(write_max)) if write_max else None
         if early_intervals is None:
-            early_intervals = default_early_intervals(policy, interval_s)
+            early_intervals = default_early_intervals(policy, interval_s, self.settings.early_intervals)
         self.early_intervals: Tuple[float, ...] = tuple(min(float(x), interval_s) for x in early_intervals)
         """Lengths of the first intervals, before the steady ``interval_s``."""
         self.threads: Triple = (1, 1, 1)
@@ -69,6 +105,7 @@ class Controller:
         self._last: Optional[Tuple[int, int, int]] = None
         self._last_busy: Optional[Tuple[float, ...]] = None
         self._last_tcp: Tuple[int, int] = (0, 0)
+        self._raw: Tuple[Tuple[int, int, int], list] = ((0, 0, 0), [0.0] * 7)
         self._cpu = (time.process_time(), time.monotonic())
         self.history: list[IntervalRecord] = []
         self.last_record: Optional[IntervalRecord] = None
@@ -81,9 +118,12 @@ class Controller:
         self.to_deliver: Optional[int] = None
         """Set by the sender: bytes the run has still to write at the destination (None: unknown).
         While they would be written within one ``interval_s`` at the last interval's write rate,
-        the policy is not asked either (:meth:`tick`: the run is ending; ``AUTOMDT_END_HOLD=0``
-        turns that off, for comparisons)."""
-        self.end_hold = os.environ.get("AUTOMDT_END_HOLD", "1").strip() not in ("0", "")
+        the policy is not asked either (:meth:`tick`: the run is ending; ``end_hold`` of
+        :class:`ControllerSettings`)."""
+        self.end_hold = self.settings.end_hold
+        self.failures: Dict[str, int] = {}
+        """Failed intervals of the policy by kind of failure (``"ValueError"``, ``"bad triple"``)."""
+        self._failing = 0
         self.annotations: Dict[str, Any] = {}
         """Fields added to every interval record from now on (the sender sets ``throttle``, the
         throttle spec in force at the end of the interval)."""
@@ -97,11 +137,11 @@ class Controller:
     def start(self) -> Triple:
         """Reset the policy, apply the start triple, and log where it came from.
 
-        A warm start from the job's history (:data:`WARM_SOURCES`) is held through the first
-        ``interval_s`` and until the receiver has written something: the policy sees those
-        intervals (its state follows them), but they only say that the pipeline is still filling (a 4 MiB chunk takes 0.4 s to read at 10 MB/s), and acting on them threw
-        away the knowledge the start carries (on issue 10's warm path the shipped policy probed
-        every history start to 32 threads after its first half interval)."""
+        A warm start from the job's history (:data:`WARM_SOURCES`; ``warm_hold`` of
+        :class:`ControllerSettings`) is held through the first ``interval_s`` and until the
+        receiver has written something: the policy sees those intervals (its state follows them),
+        but they only say that the pipeline is still filling, and acting on them would throw away
+        the knowledge the start carries."""
         own = self._clamp(self.policy.reset(self.max_threads), self.max_threads)
         if self.start_choice is None:
             self.threads = own
@@ -114,8 +154,10 @@ class Controller:
             record = dict(self.start_choice.log_record(), threads=dict(zip(STAGES, self.threads)))
         self.apply(self.threads)
         self.t0 = self._last_t = time.monotonic()
-        self.start_record = {"t": 0.0, "start": dict(record, **self.start_notes), "policy": self._name()}
-        self._warm = self.start_choice is not None and self.start_choice.source in WARM_SOURCES
+        self.start_record = {"t": 0.0, "start": dict(record, **self.start_notes), "policy": self._name(),
+                             "controller": dict(self.settings.to_dict(), early_intervals_s=list(self.early_intervals))}
+        self._warm = (self.settings.warm_hold and self.start_choice is not None
+                      and self.start_choice.source in WARM_SOURCES)
         if self.log_file is not None:
             self.log_file.write(json.dumps(self.start_record) + "\n")
             self.log_file.flush()
@@ -154,25 +196,48 @@ class Controller:
         so the log covers the whole run even when its end moved faster than one interval.
 
         In the run's tail (:attr:`tail`: every byte of the source has been read; what is left
-        drains from the staging buffers) the counts hold (the record carries ``"tail": true``):
-        no policy was trained on a source that has ended, and the shipped one read the readers'
-        silence there as a slow path and cut the writers that were draining the receiver's
-        buffer (down to 2 writers for 8 on a write-bound path: dips of 7-8 intervals at the end of
-        ``bench_policy.py``'s sustained runs).
-        Holding costs nothing: only the buffers' contents are left to move.
-
-        The counts hold the same way a little earlier, while what is left to write
-        (:attr:`to_deliver`) would be written within one ``interval_s`` at this interval's write
-        rate (the record carries ``"ending": true``): a change then has no time to pay back what
-        it costs (new threads start with an empty pipeline). The policy's first call is its
-        dearest (the PPO policy imports numpy then: 0.14 CPU-s): a local 2 GB copy between two
-        tmpfs directories ends within 1.2 s, and asking the policy after its first half second
-        made the default command 0.1 s slower than the same counts held (1.31 against 1.21 s,
-        medians of 7, both cores busy). What is left to *write*, not to read: when the path turns
-        write-bound, the readers finish early into the buffers, and the writers must still be
-        added."""
-        tcp = (int(sender_stats.tcp_segs_out), int(sender_stats.tcp_retrans))
+        drains from the staging buffers) the counts hold and the record carries ``"tail": true``:
+        the readers have nothing left to read, so what the interval measures is not a path any
+        policy models, and only the buffers' contents are left to move. A dataset that fits in the
+        staging buffers is read in the first interval, so its whole run is tail (the ``start``
+        record says so). The counts hold the same way a little earlier, while what is left to
+        *write* (:attr:`to_deliver`) would be written within one ``interval_s`` at this interval's
+        write rate (``"ending": true``; ``end_hold`` of :class:`ControllerSettings`): a change then
+        has no time to pay back what it costs, since new threads start with an empty pipeline."""
         now = time.monotonic() if now is None else now
+        measured = self._measure(sender_stats, receiver_stats, now, loss, final)
+        if measured is None:
+            return None
+        obs, delivered = measured
+        ending = (self.end_hold and self.to_deliver is not None and obs.throughput_bps[2] > 0
+                  and self.to_deliver < obs.throughput_bps[2] * self.interval_s)
+        ann = dict(self.annotations)
+        if final:
+            new = obs.threads
+        elif self.tail or ending:
+            new = self.threads
+            ann["tail" if self.tail else "ending"] = True
+        else:
+            new = self._ask(obs, ann)
+            if self._warm and (delivered == 0 or now - self._t_base < self.interval_s - 1e-3):
+                new = self.threads  # a warm start holds while the pipeline fills (see :meth:`start`)
+        record = self._record(obs, now, new, final, ann)
+        if new != self.threads and not final:
+            self.apply(new)
+            self.threads = new
+        if not final:
+            self.history.append(record)
+            self.last_record = record
+        if self.log_file is not None:
+            self.log_file.write(json.dumps(record.to_json()) + "\n")
+            self.log_file.flush()
+        return record
+
+    def _measure(self, sender_stats: "SenderStats", receiver_stats: Optional["ReceiverStats"], now: float,
+                 loss: Optional[float], final: bool) -> Optional[Tuple[Observation, int]]:
+        """The interval that ended at ``now`` as an :class:`Observation` (its raw counters in
+        :attr:`_raw` for the record) and the bytes written so far; None until an interval is over."""
+        tcp = (int(sender_stats.tcp_segs_out), int(sender_stats.tcp_retrans))
         counted = (sender_stats.read.bytes, sender_stats.net.bytes,
                    receiver_stats.write.bytes if receiver_stats is not None else 0)
         busy = _busy(sender_stats, receiver_stats)
@@ -184,7 +249,6 @@ class Controller:
         if dt < (0.05 if final else self.next_interval_s()):
             return None
         moved = (counted[0] - self._last[0], counted[1] - self._last[1], counted[2] - self._last[2])
-        tput = (moved[0] / dt, moved[1] / dt, moved[2] / dt)
         d = [float(b) - float(a) for a, b in zip(self._last_busy, busy)]
         self._last, self._last_busy, self._last_t = counted, busy, now
         if loss is None:
@@ -192,38 +256,27 @@ class Controller:
             loss = min(1.0, retrans / segs) if segs > 0 and retrans > 0 else 0.0
         self._last_tcp = tcp
         rbuf = receiver_stats.buffer if receiver_stats is not None else None
-        fill = (_frac(sender_stats.buffer), _frac(rbuf))
         busy_s, wait_s = stage_times(d)
-        ran = self.running(sender_stats, receiver_stats)
-        ending = (self.end_hold and self.to_deliver is not None and tput[2] > 0
-                  and self.to_deliver < tput[2] * self.interval_s)
-        obs = Observation(threads=ran, throughput_bps=tput, buffer_fill=fill, interval_s=dt,
+        self._raw = (moved, d)
+        obs = Observation(threads=self.running(sender_stats, receiver_stats),
+                          throughput_bps=(moved[0] / dt, moved[1] / dt, moved[2] / dt),
+                          buffer_fill=(_frac(sender_stats.buffer), _frac(rbuf)), interval_s=dt,
                           max_threads=self.max_threads, loss=loss,
                           buffer_bytes=(int(sender_stats.buffer.capacity_bytes), int(rbuf.capacity_bytes) if rbuf else 0),
                           busy_s=busy_s, wait_s=wait_s)
-        if final:
-            new = ran
-        elif self.tail or ending:
-            hold = getattr(self.policy, "tail_hold", None)  # a trial the policy still judges ends here
-            new = self._clamp(hold(self.threads), self.limit) if callable(hold) else self.threads
-        else:
-            new = self._clamp(self.policy.act(obs), self.limit)
-            if self._warm and (counted[2] == 0 or now - self._t_base < self.interval_s - 1e-3):
-                new = self.threads  # a warm start holds while the pipeline fills (see :meth:`start`)
-        ann = dict(self.annotations)
-        if self.tail and not final:
-            ann["tail"] = True
-        elif ending and not final:
-            ann["ending"] = True
-        elif not final:
-            ann.update(getattr(self.policy, "annotation", None) or {})
-        record = IntervalRecord(
+        return obs, counted[2]
+
+    def _record(self, obs: Observation, now: float, new: Triple, final: bool, ann: Dict[str, Any]) -> IntervalRecord:
+        """The interval's log record: what ran, what it moved, the raw counters, the next counts."""
+        moved, d = self._raw
+        tput, fill = obs.throughput_bps, obs.buffer_fill
+        return IntervalRecord(
             t=round(now - self.t0, 3),
-            threads=ran,
+            threads=obs.threads,
             throughput=(round(tput[0], 1), round(tput[1], 1), round(tput[2], 1)),
             buffer=(round(fill[0], 4), round(fill[1], 4)),
             cpu=self._cpu_percent(),
-            loss=round(float(loss), 6),
+            loss=round(float(obs.loss), 6),
             policy=self._name(),
             next_threads=new,
             # raw counters of the interval, for exploration and profile fitting
@@ -231,21 +284,47 @@ class Controller:
             busy_s=(round(d[0], 4), round(d[1], 4), round(d[2], 4)),
             wait_s=(round(d[3], 4), round(d[4], 4), round(d[5], 4)),
             recv_wait_s=round(d[6], 4),
-            interval_s=round(dt, 4),
+            interval_s=round(obs.interval_s, 4),
             throttle=ann.pop("throttle", None),
             final=final,
             extra=ann,
         )
-        if new != self.threads and not final:
-            self.apply(new)
-            self.threads = new
-        if not final:
-            self.history.append(record)
-            self.last_record = record
-        if self.log_file is not None:
-            self.log_file.write(json.dumps(record.to_json()) + "\n")
-            self.log_file.flush()
-        return record
+
+    def _ask(self, obs: Observation, ann: Dict[str, Any]) -> Triple:
+        """The policy's counts for the next interval (its annotation goes to ``ann``); the current
+        counts when it fails (see the class docstring)."""
+        try:
+            proposed = self.policy.act(obs)
+        except Exception as e:  # a policy of one's own may fail in any way: the transfer goes on
+            self._failed(type(e).__name__, str(e).splitlines()[0] if str(e) else "", ann)
+            return self.threads
+        try:
+            new = self._clamp(proposed, self.limit)
+        except (TypeError, ValueError, OverflowError):
+            self._failed("bad triple", f"{proposed!r:.60}", ann)
+            return self.threads
+        self._failing = 0
+        ann.update(getattr(self.policy, "annotation", None) or {})
+        return new
+
+    def _failed(self, kind: str, detail: str, ann: Dict[str, Any]) -> None:
+        if kind not in self.failures:
+            log.warning("policy %s failed (%s%s); the thread counts stay %s", self._name(), kind,
+                        f": {detail}" if detail else "", ",".join(map(str, self.threads)))
+        self.failures[kind] = self.failures.get(kind, 0) + 1
+        self._failing += 1
+        ann["policy_error"] = f"{kind}: {detail}" if detail else kind
+        if self._failing >= MAX_POLICY_FAILURES:
+            from automdt.agents.shield import Fallback
+
+            failed = self._name()
+            self.policy = Fallback(self.max_threads)
+            self.policy.name = f"fallback (policy {failed} failed)"
+            self.limit = self.max_threads
+            log.warning("policy %s failed %d intervals in a row; the shield's fallback controller drives the rest "
+                        "of the run", failed, self._failing)
+            ann["policy_error"] += f"; fallback after {self._failing} failures"
+            self._failing = 0
 
     def running(self, sender_stats: "SenderStats", receiver_stats: Optional["ReceiverStats"]) -> Triple:
         """The thread counts the engines run (their ``threads_target``): the sender's read and
@@ -259,47 +338,25 @@ class Controller:
 
 WARM_SOURCES = ("history",)
 """Start sources (:data:`automdt.start.SOURCES`) held while the pipeline fills
-(:meth:`Controller.start`): the job's history, the path's own measured triple. A profile start
-(the oracle triple of a fitted profile, the fewest threads that carry the rate) is not held: the
-policy's move after the first half interval adds the headroom the pipeline's start-up needs
-(quiet, 3 rounds: 90% within the first second on all six ramp paths; held, the network-bound
-path at 80 MB/s, 8 connections of 10 MB/s, took 2 s)."""
+(:meth:`Controller.start`): the job's history, the path's own measured triple. Other starts are
+acted on at once: the policy's first move adds whatever the pipeline's start-up needs."""
 
-EARLY_INTERVALS: Tuple[float, ...] = (0.5, 0.5)
-"""The first intervals of a policy that takes a start (PPO), as fractions of ``interval_s``: two
-half intervals, then steady ones. ``AUTOMDT_EARLY_INTERVALS=0`` (or ``""``) turns them off.
-
-Two half intervals let a cold start's first choice (often a probe of a stage to many threads) be
-answered within the first steady interval: on the engine (the experiments' read-, network- and
-write-bound paths at 80 and 250 MB/s, quiet, 3 rounds) 90% of the achievable rate by 2 s instead of
-3 s, and by 1 s with a profile-trained policy. Without the policy's floor
-(:class:`~automdt.agents.guard.FloorGuard`) the shipped policy then fell, on the issue's
-read-bound path, into a fixed point below capacity in 2 of 4 runs (32 readers and 1 network
-thread, or 6 readers where 8 are needed: 63.7 s and 41.2 s instead of 33.6 s), so they were off;
-with the floor under it the same path ran 4 of 4 times at capacity after a one-interval dip
-(2026-11-24)."""
+EARLY_INTERVALS: Tuple[float, ...] = ControllerSettings().early_intervals
+"""The first intervals of a policy that takes a start, as fractions of ``interval_s``: two half
+intervals, then steady ones, so that a start's first move is answered within the first steady
+interval."""
 
 
-def default_early_intervals(policy: Any, interval_s: float) -> Tuple[float, ...]:
-    """The early intervals the controller uses unless told: :data:`EARLY_INTERVALS` times
-    ``interval_s`` for policies that take a start (:func:`automdt.start.takes_start`: PPO), none for
-    the baselines (their papers' fixed intervals). The environment variable
-    ``AUTOMDT_EARLY_INTERVALS`` overrides the fractions (``0.5,0.5``; ``""`` or ``0``: none), for
-    comparisons."""
+def default_early_intervals(policy: Any, interval_s: float,
+                            fractions: Sequence[float] = EARLY_INTERVALS) -> Tuple[float, ...]:
+    """The early intervals the controller uses unless told: ``fractions`` of ``interval_s`` for
+    policies that take a start (:func:`automdt.start.takes_start`), none for the baselines (their
+    papers' fixed intervals)."""
     from automdt.start import takes_start
 
     if not takes_start(policy):
         return ()
-    env = os.environ.get("AUTOMDT_EARLY_INTERVALS")
-    if env is None:
-        fractions: Tuple[float, ...] = EARLY_INTERVALS
-    else:
-        try:
-            fractions = tuple(float(x) for x in env.split(",") if x.strip())
-        except ValueError:
-            raise ValueError(f"AUTOMDT_EARLY_INTERVALS={env!r}: expected fractions such as 0.5,0.5") from None
-        fractions = tuple(f for f in fractions if f > 0)
-    return tuple(min(1.0, f) * interval_s for f in fractions)
+    return tuple(min(1.0, float(f)) * interval_s for f in fractions if float(f) > 0)
 
 
 def _busy(sender_stats: "SenderStats", receiver_stats: Optional["ReceiverStats"]) -> Tuple[float, ...]:

@@ -154,8 +154,7 @@ class _PPOish(Recorder):
     start_source = "cold"
 
 
-def test_a_policy_that_takes_a_start_gets_two_half_intervals_first_then_steady_ones(monkeypatch):
-    monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)  # the default (controller.EARLY_INTERVALS)
+def test_a_policy_that_takes_a_start_gets_two_half_intervals_first_then_steady_ones():
     pol, applied, log = _PPOish(), [], io.StringIO()
     c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, log_file=log)
     assert c.early_intervals == (0.5, 0.5)
@@ -172,27 +171,22 @@ def test_a_policy_that_takes_a_start_gets_two_half_intervals_first_then_steady_o
     assert [json.loads(x)["interval_s"] for x in log.getvalue().splitlines()[1:]] == [0.5, 0.5, 1.0]
 
 
-def test_early_intervals_are_on_by_default_never_for_baselines_and_set_by_the_environment(monkeypatch):
-    monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)
+def test_early_intervals_are_on_by_default_never_for_baselines_and_set_by_the_settings():
+    from automdt.controller import ControllerSettings
+
     assert Controller(Recorder(), lambda t: None, interval_s=2.0).early_intervals == ()  # Marlin & co.
     assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == (1.0, 1.0)  # two halves
-    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "0")
-    assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == ()
-    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "0.5,0.5")
-    assert Controller(_PPOish(), lambda t: None, interval_s=2.0).early_intervals == (1.0, 1.0)
-    assert Controller(Recorder(), lambda t: None, interval_s=2.0).early_intervals == ()  # never for baselines
-    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "")
-    assert Controller(_PPOish(), lambda t: None, interval_s=1.0).early_intervals == ()
-    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "0.25,0.75,2")
-    assert Controller(_PPOish(), lambda t: None, interval_s=1.0).early_intervals == (0.25, 0.75, 1.0)
+    none = ControllerSettings(early_intervals=())
+    assert Controller(_PPOish(), lambda t: None, interval_s=2.0, settings=none).early_intervals == ()
+    three = ControllerSettings(early_intervals=(0.25, 0.75, 2.0))
+    assert Controller(_PPOish(), lambda t: None, interval_s=1.0, settings=three).early_intervals == (0.25, 0.75, 1.0)
+    assert Controller(Recorder(), lambda t: None, interval_s=1.0, settings=three).early_intervals == ()
     assert Controller(_PPOish(), lambda t: None, early_intervals=(3.0,)).early_intervals == (1.0,)
-    monkeypatch.setenv("AUTOMDT_EARLY_INTERVALS", "half")
-    try:
-        Controller(_PPOish(), lambda t: None)
-    except ValueError as e:
-        assert "AUTOMDT_EARLY_INTERVALS" in str(e)
-    else:
-        raise AssertionError("a malformed AUTOMDT_EARLY_INTERVALS was accepted")
+    log = io.StringIO()
+    c = Controller(_PPOish(), lambda t: None, interval_s=1.0, log_file=log, settings=none)
+    c.start()
+    assert json.loads(log.getvalue())["controller"] == {"early_intervals": [], "end_hold": True, "warm_hold": True,
+                                                         "early_intervals_s": []}
 
 
 def test_the_tail_holds_the_counts_and_is_marked():
@@ -239,10 +233,11 @@ def test_the_counts_hold_while_what_is_left_is_written_within_an_interval():
     assert len(pol.seen) == 3
 
 
-def test_the_end_hold_can_be_turned_off_for_comparisons(monkeypatch):
-    monkeypatch.setenv("AUTOMDT_END_HOLD", "0")
+def test_the_end_hold_can_be_turned_off_for_comparisons():
+    from automdt.controller import ControllerSettings
+
     pol = Recorder()
-    c = Controller(pol, lambda t: None, interval_s=1.0, max_threads=8)
+    c = Controller(pol, lambda t: None, interval_s=1.0, max_threads=8, settings=ControllerSettings(end_hold=False))
     c.start()
     c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
     c.to_deliver = 1  # one byte left: ending, were the hold on
@@ -278,34 +273,13 @@ def test_the_sender_tells_the_controller_what_is_left_to_deliver(tmp_path, monke
     assert seen[0][0] > total // 2 and min(left for left, _ in seen) < total // 4
 
 
-class _Trialling(Recorder):
-    """A policy whose last choice was a trial it has not judged yet (as the PPO policy's floor after
-    a cut): in the tail it asks for the count before it back."""
 
-    def tail_hold(self, current):
-        return (current[0], current[1], 6)
-
-
-def test_the_tail_ends_a_trial_the_policy_still_judges():
-    pol, applied, log = _Trialling(), [], io.StringIO()
-    c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, log_file=log)
-    c.start()
-    c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
-    c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20), now=11.0)
-    c.tail = True
-    rec = c.tick(_stats(2.0, 2 << 20, 0, 0, threads=(3, 3)), _rx(2 << 20), now=12.0)
-    assert len(pol.seen) == 1, "the policy was asked in the tail"
-    assert rec.next_threads == (3, 3, 6) and applied[-1] == (3, 3, 6)
-    assert json.loads(log.getvalue().splitlines()[-1])["tail"] is True
-
-
-def test_a_warm_start_holds_until_the_pipeline_delivers_a_cold_one_does_not(monkeypatch):
+def test_a_warm_start_holds_until_the_pipeline_delivers_a_cold_one_does_not():
     """A history start is what the path needs: the first second, while the pipeline
     fills, and any interval before the receiver wrote something do not move it (the policy still
     sees them). A cold or profile start acts at once."""
     from automdt.start import Start
 
-    monkeypatch.delenv("AUTOMDT_EARLY_INTERVALS", raising=False)
     for source, held in (("history", True), ("profile", False), ("cold", False)):
         pol, applied = _PPOish(), []
         c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, start=Start((2, 3, 4), source))
@@ -319,7 +293,7 @@ def test_a_warm_start_holds_until_the_pipeline_delivers_a_cold_one_does_not(monk
 
 
 def test_what_the_policy_says_of_its_choice_goes_to_the_log():
-    """A policy's ``annotation`` (PPO: what its floor did) is added to the interval's record."""
+    """A policy's ``annotation`` (the shield's: what it did) is added to the interval's record."""
 
     class Noting(Recorder):
         def act(self, obs):
