@@ -73,6 +73,8 @@ class _Stage:
         self.exact: Dict[int, bool] = {}
         self.noise = 0.05
         self.saturated_age: Optional[int] = None
+        self.fitted: Optional[Tuple[float, float]] = None
+        """The ``min(a n, B)`` fit of the last :meth:`curve`, when that shape holds."""
 
     def mean(self, n: int) -> float:
         caps = self.table[n]
@@ -132,7 +134,7 @@ class _Stage:
                      for n, v in self.table.items())
         if not pts:
             return [math.inf] * m
-        line = self.fit_line()
+        line = self.fitted = self.fit_line()
         if line is not None:
             a, b = line
             reach = pts[-1][0] if math.isfinite(b) else max(pts[-1][0] + 1, int(GROW * pts[-1][0]))
@@ -217,11 +219,12 @@ class CapacityPolicy:
             cap = n * finite(obs.throughput_bps[s]) * obs.interval_s / busy
             self.stages[s].add(n, cap, busy >= BUSY * (busy + wait))
 
-    def solve(self) -> Tuple[Triple, float]:
-        """The utility-optimal counts on the measured curves and their predicted utility."""
+    def solve(self) -> Tuple[Triple, float, float]:
+        """The utility-optimal counts on the measured curves, their predicted utility and the
+        predicted utility of the current counts."""
         m = self.max_threads
         means = [st.curve(m) for st in self.stages]
-        curves = [st.curve(m, OPTIMISM) for st in self.stages]
+        curves = [st.curve(m, OPTIMISM) if st.fitted is None else c for st, c in zip(self.stages, means)]
         margins = [min(max(MARGIN, 1.0 * st.noise), MAX_MARGIN) for st in self.stages]
         top = min(c[-1] for c in means)
         neck = min(range(3), key=lambda i: means[i][-1])  # the stage whose plateau sets the top rate
@@ -241,20 +244,16 @@ class CapacityPolicy:
             util = rate * sum(pen[n] for n in counts)
             if util > best[0]:
                 best = (util, tuple(counts))  # type: ignore[assignment]
-        return best[1], best[0]
-
-    def predicted(self, threads: Triple) -> float:
-        """The model's utility of ``threads``."""
-        curves = [st.curve(self.max_threads) for st in self.stages]
-        rate = min(c[n - 1] for c, n, st in zip(curves, threads, self.stages) if st.table)
-        return rate * sum(self.k ** -n for n in threads) if math.isfinite(rate) else 0.0
+        rate = min(c[n - 1] for c, n, st in zip(means, self.current, self.stages) if st.table)
+        now = rate * sum(pen[n] for n in self.current) if math.isfinite(rate) else 0.0
+        return best[1], best[0], now
 
     def act(self, obs: Observation) -> Triple:
         self.observe(obs)
         self.current = clamp_triple(obs.threads, self.max_threads)
         if not any(st.table for st in self.stages):
             return self.current
-        new, util = self.solve()
-        if util > (1.0 + HYSTERESIS) * self.predicted(self.current):
+        new, util, now = self.solve()
+        if util > (1.0 + HYSTERESIS) * now:
             self.current = clamp_triple(new, self.max_threads)
         return self.current

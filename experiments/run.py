@@ -922,6 +922,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from automdt.experiments.sweeps import main as sweeps_main
 
         return sweeps_main(args)
+    if args and args[0] == "ablation":  # held-out families and engine paths, every controller
+        from automdt.experiments.ablation import main as ablation_main
+
+        return ablation_main(args[1:])
     named = [x for x in args if x in RUNNERS or x == "all"]
     if named and any(x in ("-h", "--help") for x in args):
         try:
