@@ -322,6 +322,10 @@ def sim_tables(path: str) -> str:
              f"{data['config']['date']}, commit {data['config']['commit']}. Fraction of the oracle over intervals "
              f"{SCORE_FROM}-{STEPS}: mean [95% CI] / 5th percentile [95% CI] / worst; difference to `model` "
              f"[95% CI]; recovery: median intervals back to 90% after a change (share within 3).", ""]
+    targets = sim_targets(summ)
+    if targets:
+        lines += ["**Targets (`default`)**", "", "| target | met | measured |", "|---|---|---|"]
+        lines += [f"| {t} | {'yes' if ok else 'no'} | {m} |" for t, ok, m in targets] + [""]
     for fam, entries in summ.items():
         lines += [f"**{fam}**", "", "| controller | mean | 5th pct | worst | vs model | recovery | below half |",
                   "|---|---|---|---|---|---|---|"]
@@ -334,6 +338,31 @@ def sim_tables(path: str) -> str:
                          f"{rec} | {e['below_half_mean']:.1f} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def sim_targets(summary: Dict[str, Any], label: str = "default", reference: str = "model") -> List[Tuple[str, bool, str]]:
+    """The simulator targets for ``label``: ``(target, met, measured)`` rows. The default reaches
+    0.99 of the oracle on the mean over all families and 0.95 at the 5th percentile; on every
+    family at least ``reference``'s mean; where the reference's model is wrong
+    (:data:`MODEL_WRONG`), 0.03 above it with intervals that do not overlap."""
+    out: List[Tuple[str, bool, str]] = []
+    every = summary.get("all", {})
+    if label not in every:
+        return out
+    e = every[label]
+    out.append(("mean over all families >= 0.99", e["mean"] >= 0.99, f"{e['mean']:.3f}"))
+    out.append(("5th percentile over all families >= 0.95", e["p5"] >= 0.95, f"{e['p5']:.3f}"))
+    for fam, entries in summary.items():
+        if fam == "all" or label not in entries or reference not in entries:
+            continue
+        me, ref = entries[label], entries[reference]
+        out.append((f"{fam}: mean >= {reference}'s", me["mean"] >= ref["mean"], f"{me['mean']:.3f} vs {ref['mean']:.3f}"))
+        if fam in MODEL_WRONG:
+            ok = me["mean"] >= ref["mean"] + 0.03 and me["mean_ci"][0] > ref["mean_ci"][1]
+            out.append((f"{fam}: mean >= {reference}'s + 0.03, intervals apart", ok,
+                        f"{me['mean'] - ref['mean']:+.3f}; [{me['mean_ci'][0]:.3f}, {me['mean_ci'][1]:.3f}] vs "
+                        f"[{ref['mean_ci'][0]:.3f}, {ref['mean_ci'][1]:.3f}]"))
+    return out
 
 
 def _commit() -> str:

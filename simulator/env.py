@@ -259,9 +259,13 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         assert not self._needs_reset, "Call reset before using step method."
+        return self._step(np.asarray(self.threads_for(action), dtype=np.int64).reshape(1, 3))
+
+    def threads_for(self, action: np.ndarray) -> Triple:
+        """The thread counts ``action`` means now (what :meth:`step` would run)."""
         new = actions_to_threads(np.asarray(action).reshape(1, 3), self._core.threads, self.max_threads,
                                  self.action_head, need=need_from_encoding(self._core.obs, self.max_threads))
-        return self._step(new)
+        return (int(new[0, 0]), int(new[0, 1]), int(new[0, 2]))
 
     def step_threads(self, threads: Sequence[int]) -> tuple[np.ndarray, float, bool, bool, dict]:
         """Like :meth:`step` but with absolute thread counts (clipped to ``[1, max_threads]``)."""

@@ -185,3 +185,26 @@ def test_topdown_re_explores_after_a_sustained_drop():
     pol = make_policy("topdown", 32)
     run = _episode(pol, base, steps=40, events=[(20, slow)])
     assert any(r[0][0] == 32 for r in run[21:])  # back to the cap: a new search
+
+
+def test_the_training_wrapper_and_a_transfer_decide_alike():
+    """The Gymnasium wrapper and the policy wrapper are one shield: on the same path and the same
+    proposals they run the same counts, and the wrapper overrides a policy stuck far below."""
+    from automdt.agents.shield_env import ShieldWrapper
+
+    prof = _path((25, 250), (200, 2000), (200, 2000))
+    live = _episode(Shield(_Stuck(), 32), prof, steps=30)
+    env = ShieldWrapper(BufferSimEnv(prof, random_start=False, episode_steps=30, chunk_bytes=MiB))
+    stuck = _Stuck()
+    stuck.reset(32)
+    _, info = env.reset(seed=0, options={"threads": (10, 10, 10)})
+    hold = np.zeros(3, dtype=np.int64)  # the target head's "hold" on every stage
+    seen, notes = [], []
+    for _ in range(30):
+        want = stuck.act(info["observation"])
+        env.unwrapped._core.threads[0] = want  # the stuck policy's choice, as an action of "hold" from it
+        _, _, _, _, info = env.step(hold)
+        seen.append(info["observation"].threads)
+        notes.append(info["shield"])
+    assert seen == [r[0] for r in live]
+    assert "takeover" in notes
