@@ -11,7 +11,7 @@ SYSPKG := libxxhash-dev libssl-dev
 # PYTHONDONTWRITEBYTECODE is set: every run would then compile them, ~0.1 s of start-up).
 PKG_DIRS := automdt agents simulator transfer_engine experiments
 
-.PHONY: setup demo lint test test-all bench build clean
+.PHONY: setup demo lint test test-all bench build clean docs notebooks-render
 
 setup: $(STAMP)
 
@@ -57,5 +57,26 @@ test-all: setup lint
 bench: setup
 	$(PY) benchmarks/bench_engine.py
 
+# The documentation site (docs/, Sphinx + furo + MyST) and the man page automdt(1), both from the
+# sources: the CLI reference from automdt.cli.build_parser(), exit codes from automdt.errors, the
+# tables of figures from the results files, the notebooks from their committed outputs.
+# -W --keep-going: every warning is an error (all of them listed); -n: every reference resolves.
+# Output: docs/_build/html/index.html and docs/_build/man/automdt.1.
+DOCS_BUILD := docs/_build
+SPHINX     := $(PY) -m sphinx -W --keep-going -n -q
+
+docs: setup
+	@rm -rf $(DOCS_BUILD)
+	$(SPHINX) -b html -d $(DOCS_BUILD)/doctrees docs $(DOCS_BUILD)/html
+	$(SPHINX) -b man -d $(DOCS_BUILD)/doctrees docs $(DOCS_BUILD)/man
+	$(PY) docs/_ext/automdt_docs.py --check || { echo "README.md's generated block is stale: $(PY) docs/_ext/automdt_docs.py --readme" >&2; exit 1; }
+	@echo "docs: $(DOCS_BUILD)/html/index.html, $(DOCS_BUILD)/man/automdt.1 (man -l $(DOCS_BUILD)/man/automdt.1)"
+
+# Execute the notebooks once (small parameters, as tests/notebooks does) into docs/notebooks/ with
+# their outputs, which are committed: the site shows the plots without running anything.
+# Minutes of real transfers and training: run it when a notebook or its results change.
+notebooks-render: setup
+	$(PY) docs/tools/render_notebooks.py
+
 clean:
-	rm -rf build *.egg-info transfer_engine/*.so $(VENV)
+	rm -rf build *.egg-info transfer_engine/*.so $(VENV) docs/_build
