@@ -52,14 +52,20 @@ def markdown_table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
     return lines
 
 
-def exit_codes_markdown() -> list[str]:
-    """The exit codes of :mod:`automdt.errors`, as ``automdt exit-codes`` prints them."""
+def exit_codes_markdown(as_list: bool = False) -> list[str]:
+    """The exit codes of :mod:`automdt.errors`, as ``automdt exit-codes`` prints them (``as_list``:
+    a definition list, which suits a man page better than a table)."""
     from automdt import errors
 
     names = {v: k for k, v in vars(errors).items() if k.isupper() and isinstance(v, int) and not k.startswith("_")}
     names.setdefault(143, "INTERRUPTED (SIGTERM)")
     rows = [[f"`{code}`", f"`{names.get(code, '')}`", text] for code, text in sorted(errors.EXIT_CODES.items())]
     order = ", ".join(str(c) for c in errors._SEVERITY)
+    if as_list:
+        lines = []
+        for code, text in sorted(errors.EXIT_CODES.items()):
+            lines += [f"{code}", f": {text}", ""]
+        return lines + [f"The most serious code wins: {order}."]
     return markdown_table(["code", "name in `automdt.errors`", "meaning"], rows) + [
         "",
         f"When several problems happen in one run, the most serious code wins, in this order: {order}; "
@@ -193,8 +199,10 @@ def setup(app):  # pragma: no cover - exercised by `make docs`
             return path
 
     class ExitCodes(_MarkdownDirective):
+        option_spec = {"list": directives.flag}
+
         def run(self):
-            return self._render(exit_codes_markdown())
+            return self._render(exit_codes_markdown("list" in self.options))
 
     class ResultsTable(_MarkdownDirective):
         required_arguments = 1
