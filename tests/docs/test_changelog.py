@@ -1,0 +1,37 @@
+"""CHANGELOG.md keeps the Keep a Changelog form, and its latest release is the package's version."""
+import os
+import re
+import tomllib
+
+from automdt import __version__
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _changelog() -> str:
+    with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
+        return f.read()
+
+
+def test_changelog_has_unreleased_then_dated_releases_each_with_a_link():
+    text = _changelog()
+    headings = re.findall(r"^## \[([^\]]+)\](.*)$", text, re.M)
+    assert headings[0][0] == "Unreleased"
+    releases = headings[1:]
+    assert releases, "no released version"
+    for version, rest in releases:
+        assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
+        assert re.fullmatch(r" - \d{4}-\d{2}-\d{2}", rest), f"[{version}] needs ' - YYYY-MM-DD'"
+    for name, _ in headings:
+        assert re.search(rf"^\[{re.escape(name)}\]: \S+", text, re.M), f"no link for [{name}]"
+    kinds = set(re.findall(r"^### (\w+)$", text, re.M))
+    assert kinds <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, kinds
+
+
+def test_the_latest_release_is_the_package_version():
+    latest = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", _changelog(), re.M)[0]
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    if "version" in project:
+        assert project["version"] == latest
+    assert __version__ == latest
