@@ -89,6 +89,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--reps", type=int, default=2, help="rounds (default 2)")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of {','.join(SECTIONS)}")
     ap.add_argument("--trained", action="store_true", help="ramp: also policies trained on each scenario's profile")
+    ap.add_argument("--json", metavar="FILE", help="write the figures as a results file (automdt-results/1)")
     args = ap.parse_args(argv)
     if "=" not in args.set:
         ap.error("--set takes VAR=VALUE")
@@ -143,6 +144,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             ab.record(f"sustained/{name}", v, m, lines, path.achievable_bps, rep)
         bp.say()
         bp.say(f"{'path':32s} {'':2s} {'seconds to 90% (median; runs)':40s} sustained (min)   settled")
+        table_rows = []
         for key in sorted({k for k, _ in ab.rows}):
             for v in "AB":
                 ms = ab.rows.get((key, v), [])
@@ -151,8 +153,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 cell = f"{med:.2f} ({', '.join('never' if t is None else f'{t:.2f}' for t in ts)})"
                 sus = [m["sustained"] for m in ms if "sustained" in m]
                 sus_cell = f"{statistics.median(sus):.2f} ({min(sus):.2f})" if sus else "-"
-                bp.say(f"{key:32s} {v:2s} {cell:40s} {sus_cell:17s} {[m.get('settled') for m in ms if 'settled' in m]}")
+                settled = [m.get("settled") for m in ms if "settled" in m]
+                bp.say(f"{key:32s} {v:2s} {cell:40s} {sus_cell:17s} {settled}")
+                table_rows.append({"path": key, "variant": "A" if v == "A" else f"B ({var}={value})", "t90": cell,
+                                   "sustained": sus_cell, "settled": ", ".join(map(str, settled))})
         bp.say(f"load average now {os.getloadavg()[0]:.1f}")
+        if args.json:
+            import results_file
+
+            results_file.write(args.json, f"A/B of {var}={value} on the default policy",
+                               f"{args.reps} interleaved rounds, sections {','.join(only)}", [
+                                   results_file.table("ab", "Seconds to 90% of the achievable rate, sustained share, settled threads",
+                                                      [("path", "path"), ("variant", "variant"), ("t90", "s to 90% (median; runs)"),
+                                                       ("sustained", "sustained (median, min)"), ("settled", "settled")],
+                                                      table_rows)])
     finally:
         ctx.cleanup()
     return 0

@@ -553,6 +553,28 @@ def section_encrypt(ctx: Ctx) -> Dict[str, Any]:
 
 
 RUNNERS = {"local": section_local, "netns": section_netns, "link": section_link, "encrypt": section_encrypt}
+
+
+def summary_rows(results: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The documentation's summary table (``--results``): the default command's wall time against
+    GridFTP -cc 4 -p 4 on each dataset, locally and between the namespaces, and 2,2,2 against
+    iperf3 -P 2 on the rate-limited link."""
+    rows = []
+    ref = gridftp_name(4, 4, False)
+    for sec, where in (("local", "local"), ("netns", "two network namespaces")):
+        for data in (v for v in results.get(sec, {}).values() if isinstance(v, dict) and "rows" in v):
+            ours_row, peer = data["rows"].get("automdt (default command)"), data["rows"].get(ref)
+            if ours_row and peer:
+                rows.append({"case": f"{data['label']}, {where}", "automdt": f"{ours_row['wall_s']:.2f} s",
+                             "peer": "globus-url-copy -cc 4 -p 4", "peer_value": f"{peer['wall_s']:.2f} s",
+                             "ratio": f"{peer['wall_s'] / ours_row['wall_s']:.2f}x"})
+    for r in results.get("link", {}).get("rows", []):
+        if r["name"] == "automdt --threads 2,2,2":
+            link = results["link"]
+            rows.append({"case": f"veth limited to {link.get('rate')} (tc {link.get('qdisc')}), 2 connections",
+                         "automdt": f"{r['gbit']:.2f} Gbit/s", "peer": "iperf3 -P 2",
+                         "peer_value": f"{r['iperf3_gbit']:.2f} Gbit/s", "ratio": f"{r['ratio']:.2f}x"})
+    return rows
 TITLES = {"local": "Local, tmpfs to tmpfs: automdt vs GridFTP on loopback, cp -r as the ceiling (target >= 1.3x GridFTP)",
           "netns": "Two namespaces, unlimited veth: automdt vs GridFTP (target >= 1.3x)",
           "link": "5 Gbit/s veth: automdt vs iperf3 with the same streams (>= 0.95x), --encrypt vs plain (>= 0.95x)",
@@ -577,6 +599,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--qdisc", default="tbf", choices=["tbf", "htb"])
     ap.add_argument("--data-dir", help="datasets here (kept and reused); default: a scratch directory, removed")
     ap.add_argument("--json", metavar="FILE", help="every figure and raw sample as JSON")
+    ap.add_argument("--results", metavar="FILE", help="the summary table as a results file (automdt-results/1), "
+                                                      "as benchmarks/results/datapath.json")
     ap.add_argument("--prefix", default="", help="name prefix of the namespaces and the /dev/shm scratch directory "
                                                  "(default: amdt-b11 and amdt-)")
     args = ap.parse_args(argv)
@@ -624,6 +648,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 json.dump({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "reps": args.reps, "quick": args.quick,
                            "sections": results}, f, indent=1, default=float)
             say(f"figures written to {args.json}")
+        if args.results:
+            import results_file
+
+            results_file.write(args.results, "The data path: automdt against GridFTP, cp and iperf3", (
+                f"medians of {args.reps} interleaved rounds after a warm-up, sections {','.join(args.sections)}"), [
+                results_file.table("summary", "Wall time of the whole command (start-up included), tmpfs to tmpfs",
+                                   [("case", "dataset and path"), ("automdt", "automdt (default command)"),
+                                    ("peer", "peer"), ("peer_value", "peer's figure"), ("ratio", "automdt speed-up")],
+                                   summary_rows(results))])
+            say(f"results file written to {args.results}")
     finally:
         ctx.cleanup()
     return 1 if failed else 0

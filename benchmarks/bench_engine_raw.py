@@ -82,6 +82,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs=3, default=[1, 1, 1], metavar=("R", "N", "W"))
     ap.add_argument("--memory-mib", type=int, default=32, help="each staging buffer")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", metavar="FILE", help="write the figures as a results file (automdt-results/1)")
     args = ap.parse_args()
 
     root = tempfile.mkdtemp(prefix="amdt-bench-", dir="/dev/shm")
@@ -108,6 +109,18 @@ def main() -> None:
             cpu = [r[1] for r in rs]
             print(f"chunk {c / (1 << 20):5.2f} MiB: median {statistics.median(gbps):.2f} GB/s "
                   f"[{', '.join(f'{x:.2f}' for x in gbps)}], CPU {statistics.median(cpu):.2f} s/GB")
+        if args.json:
+            import results_file
+
+            rows = [{"chunk": f"{c / (1 << 20):g} MiB", "gbps": round(statistics.median(r[0] for r in rs), 3),
+                     "cpu": round(statistics.median(r[1] for r in rs), 3),
+                     "runs": ", ".join(f"{r[0]:.2f}" for r in rs)} for c, rs in results.items()]
+            results_file.write(args.json, "The C engine alone", (
+                f"{args.total_mib} MiB per run in {args.files} files, threads r/n/w {args.threads}, buffers "
+                f"{args.memory_mib} MiB, hash {_engine.HASH_IMPL}, medians of {args.reps} interleaved runs"), [
+                results_file.table("raw", "GB/s and CPU-seconds per GB",
+                                   [("chunk", "chunk"), ("gbps", "median GB/s"), ("cpu", "median CPU s/GB"),
+                                    ("runs", "GB/s per run")], rows)])
     finally:
         for p in pairs.values():
             p.close()

@@ -34,7 +34,7 @@ PATHS = {  # name: (per-thread and total rate per stage, max threads, seconds, f
 }
 
 
-def run(name: str, seed: int, chunk: int) -> None:
+def run(name: str, seed: int, chunk: int) -> list:
     rates, max_threads, seconds, files = PATHS[name]
     d = tempfile.mkdtemp(dir="/dev/shm", prefix="automdt-bench-fit-")
     try:
@@ -49,12 +49,16 @@ def run(name: str, seed: int, chunk: int) -> None:
         res = explore(src, os.path.join(d, "dst"), seconds, opts, seed=seed)
         plain = [{k: v for k, v in s.items() if k != "inflight_bytes"} for s in res["samples"]]
         without = fit_profile(plain, interval_s=1.0, buffers=(opts.memory, opts.memory), max_threads=max_threads)
+        rows = []
         for s, got, raw in zip(STAGES, res["profile"].stages, without.stages):
             tpt, bw = rates[s]
+            rows.append({"path": name, "seed": seed, "stage": s, "tpt": f"{got.tpt / tpt - 1:+.1%}",
+                         "tpt_without": f"{raw.tpt / tpt - 1:+.1%}", "b": f"{got.bandwidth / bw - 1:+.1%}"})
             print(f"{name:<9} {seed:>4} {s:<5}  TPT {got.tpt / tpt - 1:+7.1%} (without {raw.tpt / tpt - 1:+7.1%})"
                   f"   B {got.bandwidth / bw - 1:+7.1%} (without {raw.bandwidth / bw - 1:+7.1%})", flush=True)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+    return rows
 
 
 def main() -> int:
@@ -62,12 +66,24 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3, help="seeds per path (default 3)")
     ap.add_argument("--chunk-size", type=int, default=1 << 20, help="engine chunk size (default 1 MiB)")
     ap.add_argument("--paths", default="scaled,throttled", help="comma-separated: scaled, throttled")
+    ap.add_argument("--json", metavar="FILE", help="write the figures as a results file (automdt-results/1)")
     a = ap.parse_args()
     print(f"{'path':<9} {'seed':>4} stage  relative error of the fit")
     print("(B of a stage that never limited the path is a bound, raised above the bottleneck's)")
+    rows = []
     for name in a.paths.split(","):
         for seed in range(a.seeds):
-            run(name, seed, a.chunk_size)
+            rows += run(name, seed, a.chunk_size)
+    if a.json:
+        import results_file
+
+        results_file.write(a.json, "How close `automdt explore` gets to known throttle rates",
+                           f"{a.seeds} seeds per path, {a.chunk_size} B chunks", [
+                               results_file.table("fit", "Relative error of the fitted rates",
+                                                  [("path", "path"), ("seed", "seed"), ("stage", "stage"),
+                                                   ("tpt", "TPT"), ("tpt_without", "TPT without the in-flight estimate"),
+                                                   ("b", "bandwidth")], rows,
+                                                  ["The bandwidth of a stage that never limited the path is a bound."])])
     return 0
 
 

@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--single-steps", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-sb3", action="store_true", help="skip the SB3 adapter (avoids importing torch)")
+    ap.add_argument("--json", metavar="FILE", help="write the figures as a results file (automdt-results/1)")
     args = ap.parse_args()
     print(f"python {platform.python_version()}, numpy {np.__version__}, {os.cpu_count()} CPUs "
           f"(shared machine: figures vary run to run)")
@@ -85,6 +86,15 @@ def main() -> None:
                      median_of(bench_sb3, args.repeats, args.num_envs, args.steps)))
     for name, (med, lo, hi) in rows:
         print(f"{name:48s} {med:>14,.0f} env-steps/s  (min {lo:,.0f}, max {hi:,.0f})")
+    if args.json:
+        import results_file
+
+        results_file.write(args.json, "Simulator steps per second", f"medians of {args.repeats} timed runs", [
+            results_file.table("sim", "Environment steps per second",
+                               [("config", "configuration"), ("median", "median env-steps/s"),
+                                ("min", "min"), ("max", "max")],
+                               [{"config": n, "median": round(m), "min": round(lo), "max": round(hi)}
+                                for n, (m, lo, hi) in rows])])
 
 
 if __name__ == "__main__":

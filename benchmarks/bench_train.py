@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=300.0)
     ap.add_argument("--profiles", nargs="+", default=None, help="subset of read-bound net-bound write-bound")
     ap.add_argument("--scratch", action="store_true", help="train from scratch (PPOConfig defaults), not as the CLI")
+    ap.add_argument("--json", metavar="FILE", help="write the figures as a results file (automdt-results/1)")
     args = ap.parse_args(argv)
 
     import torch
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'path':<12} {'seed':>4} {'to target':>10} {'timesteps':>10} {'fraction':>8}  {'settled':<12} {'oracle':<12} load")
     profiles = [(n, p) for n, p in bottleneck_profiles() if not args.profiles or n in args.profiles]
     failures = 0
+    rows = []
     with tempfile.TemporaryDirectory(prefix="automdt-bench-train-") as tmp:
         for name, prof in profiles:
             times = []
@@ -68,9 +70,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:<12} {seed:>4} {shown} {rep.timesteps:>10} {res['per_profile'][name]:>8.3f}  "
                       f"{str(res['settled'][name]):<12} {str(res['oracle'][name]):<12} {os.getloadavg()[0]:.2f}"
                       f"  (run {wall:.1f} s incl. saving)", flush=True)
+                rows.append({"path": name, "seed": seed, "to_target": round(rep.wall_s_to_target, 2) if reached else None,
+                             "timesteps": rep.timesteps, "fraction": round(res["per_profile"][name], 4),
+                             "settled": str(res["settled"][name]), "oracle": str(res["oracle"][name])})
             if len(args.seeds) > 1 and times:
                 print(f"{name:<12} median {statistics.median(times):.1f} s to target over {len(times)} of "
                       f"{len(args.seeds)} seeds")
+    if args.json:
+        import results_file
+
+        results_file.write(args.json, "PPO training to a target", (
+            f"target {args.target} of the oracle, at most {args.max_seconds:.0f} s, torch {torch.__version__}, "
+            + ("from scratch" if args.scratch else "as `automdt train --profile`")), [
+            results_file.table("train", "Seconds to the target (empty: not reached)",
+                               [("path", "path"), ("seed", "seed"), ("to_target", "s to target"),
+                                ("timesteps", "timesteps"), ("fraction", "fraction of the oracle"),
+                                ("settled", "settled"), ("oracle", "oracle")], rows)])
     return 1 if failures else 0
 
 
