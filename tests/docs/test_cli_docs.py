@@ -150,3 +150,19 @@ def test_the_readme_speed_table_is_generated_from_the_latest_results():
 def test_the_command_check_catches_a_wrong_command(line):
     with pytest.raises(SystemExit):
         build_parser().parse_args(shlex.split(line))
+
+
+def test_every_environment_variable_named_in_the_docs_is_read_by_the_code():
+    sources = ""
+    for pattern in ("automdt/*.py", "agents/*.py", "simulator/*.py", "transfer_engine/*.py", "transfer_engine/src/*.[ch]",
+                    "experiments/*.py"):
+        for path in glob.glob(os.path.join(ROOT, pattern)):
+            with open(path, errors="replace") as f:
+                sources += f.read()
+    bad = []
+    for page in PAGES:
+        with open(page) as f:
+            for var in sorted(set(re.findall(r"\bAUTOMDT_[A-Z0-9_]+", f.read()))):
+                if var not in sources:
+                    bad.append(f"{os.path.relpath(page, ROOT)}: {var}")
+    assert not bad, "environment variables the docs name that no code reads:\n" + "\n".join(bad)
