@@ -136,7 +136,9 @@ def _walk(node: dict[str, Any], prefix: str, defs: dict[str, Any], rows: list[li
         path = f"{prefix}{name}"
         rows.append([f"`{path}`", _type_text(sub), "yes" if name in required else "", desc])
         inner = target or sub
-        if depth < 3 and inner.get("type") == "object" and "properties" in inner and not inner.get("x-collapse"):
+        props = inner.get("properties", {})
+        self_evident = all(not v.get("description") for v in props.values())  # read/net/write, sender/receiver
+        if depth < 3 and inner.get("type") == "object" and props and not inner.get("x-collapse") and not self_evident:
             _walk(inner, path + ".", defs, rows, depth + 1)
 
 
@@ -231,6 +233,13 @@ def setup(app):  # pragma: no cover - exercised by `make docs`
             except (OSError, KeyError, ValueError) as e:
                 raise self.error(f"{self.arguments[0]}: {e}") from None
 
+    def optional_pages(app, docname, source):
+        """The table of environment variables (``docs/environment.md``) comes with the packaging
+        work; the "Use" toctree lists it after the exit codes once the page exists."""
+        if docname == "index" and os.path.exists(os.path.join(DOCS, "environment.md")):
+            source[0] = source[0].replace("\nexit-codes\n", "\nexit-codes\nenvironment\n", 1)
+
+    app.connect("source-read", optional_pages)
     app.add_directive("exit-codes", ExitCodes)
     app.add_directive("results-table", ResultsTable)
     app.add_directive("schema-fields", SchemaFields)
