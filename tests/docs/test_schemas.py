@@ -127,3 +127,22 @@ def test_every_results_file_matches_its_schema():
             keys = {c["key"] for c in table["columns"]}
             for row in table["rows"]:
                 assert set(row) <= keys, f"{path}: {table['id']}: a row has keys no column shows: {set(row) - keys}"
+
+
+def test_a_benchmark_writes_a_results_file_the_docs_can_show(tmp_path):
+    """``--json`` of a benchmark script writes ``automdt-results/1`` with its provenance filled in."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "docs", "_ext"))
+    import automdt_docs
+
+    out = tmp_path / "session.json"
+    subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_session.py"), "--files", "50", "--reps", "1",
+                    "--json", str(out)], check=True, capture_output=True, timeout=120)
+    data = json.loads(out.read_text())
+    validate(data, "results.schema.json")
+    assert data["commit"] and data["machine"] and "bench_session.py" in data["command"]
+    assert [r["step"] for r in data["tables"][0]["rows"]] == ["plan", "activate", "rename"]
+    text = "\n".join(automdt_docs.results_markdown(str(out)))
+    assert "plan" in text and data["commit"] in text
