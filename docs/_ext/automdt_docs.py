@@ -7,7 +7,8 @@ generated here from its source, so nothing is written twice:
   most serious code wins (:data:`automdt.errors._SEVERITY`);
 * ``{results-table} FILE``: a table from a results file (``automdt-results/1``, schema in
   ``docs/schemas/results.schema.json``) with the date, machine, commit and command it was taken
-  with; a file that does not exist yet renders the directive's body instead (e.g. "not run yet");
+  with, or with ``:renderer: MODULE:FUNCTION`` the Markdown that function makes of a file of its
+  own format; a file that does not exist yet renders the directive's body instead;
 * ``{schema-fields} FILE``: the fields of a JSON Schema in ``docs/schemas/`` as a table (``:def: NAME``:
   those of one of its ``$defs``).
 
@@ -209,7 +210,8 @@ def setup(app):  # pragma: no cover - exercised by `make docs`
     class ResultsTable(_MarkdownDirective):
         required_arguments = 1
         has_content = True
-        option_spec = {"table": directives.unchanged, "no-provenance": directives.flag}
+        option_spec = {"table": directives.unchanged, "no-provenance": directives.flag,
+                       "renderer": directives.unchanged}
 
         def run(self):
             path = self._path(self.arguments[0])
@@ -218,8 +220,14 @@ def setup(app):  # pragma: no cover - exercised by `make docs`
                     raise self.error(f"{self.arguments[0]} does not exist and the directive has no text for that case")
                 return self._render(list(self.content))
             try:
-                lines = results_markdown(path, self.options.get("table"), "no-provenance" not in self.options)
-            except (ValueError, KeyError) as e:
+                if "renderer" in self.options:  # MODULE:FUNCTION(path) -> Markdown, for a file of its own format
+                    import importlib
+
+                    module, func = self.options["renderer"].split(":")
+                    lines = getattr(importlib.import_module(module), func)(path).splitlines()
+                else:
+                    lines = results_markdown(path, self.options.get("table"), "no-provenance" not in self.options)
+            except (ValueError, KeyError, ImportError, AttributeError) as e:
                 raise self.error(f"{self.arguments[0]}: {e}") from None
             return self._render(lines)
 

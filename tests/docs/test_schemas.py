@@ -56,7 +56,7 @@ def transfer_outputs(tmp_path_factory):
     write_file(str(src / "sub" / "b.txt"), 5000, seed=2)
     env = {"XDG_STATE_HOME": str(state)}
     log = tmp / "log.jsonl"
-    rc, summary, err = run_cli("transfer", str(src), str(dst), "--json", "--log", str(log), "--policy", "ppo",
+    rc, summary, err = run_cli("transfer", str(src), str(dst), "--json", "--log", str(log), "--policy", "default",
                                "--throttle", "read.thread=4M", "--interval", "0.1", env=env)
     assert rc == 0, err
     (src / "c.bin").write_bytes(b"new")
