@@ -566,8 +566,9 @@ def _report(summary, args) -> None:
              f"{d['files_failed']} failed; nothing changed; exit {d['exit_code']}")
         return
     rate = f"{format_bytes(d['bytes_per_second'])}/s"
+    reused = f"; {format_bytes(d['bytes_reused'])} already there from partial files" if d.get("bytes_reused") else ""
     _out(f"{d['files_transferred']} transferred, {d['files_skipped']} skipped, {d['files_failed']} failed; "
-         f"{format_bytes(d['bytes'])} in {d['seconds']:.2f} s ({rate}); exit {d['exit_code']}")
+         f"{format_bytes(d['bytes'])} in {d['seconds']:.2f} s ({rate}){reused}; exit {d['exit_code']}")
 
 
 def cmd_verify(args) -> int:

@@ -10,20 +10,28 @@ threads right after the chunk's ``pwrite``)::
     record : b"AMJR" | length u32 | offset u64 | xxh3_64(chunk) u64 | xxh3_64(first 24 bytes) u64
 
 The fingerprint hashes the relative path, size, mtime, identity (dev:inode), content digest
-(with ``--checksum``) and chunk size of the source file: a changed or replaced source (or another
-chunk size) never splices old data. Before reuse every recorded chunk is
+(with ``--checksum``) and chunk size of the source file, the chunk size being the one in the
+header: a changed or replaced source never splices old data. Before reuse every recorded chunk is
 re-read and re-hashed; a torn or mismatching record is simply not counted.
+
+The records are byte ranges, each with its own length, so a journal serves any later chunk size
+(:func:`verified_ranges`, :func:`chunks_covered`): a run whose chunk size differs from the one
+that wrote the partial (a job's history picks 1 MiB chunks on a slow path, 4 MiB on a fast one)
+keeps every chunk of its own size that the verified ranges cover, and its engine appends records
+of its own size to the same journal. With a smaller chunk size nothing journaled is sent again;
+with a larger one at most one chunk per gap in the journaled ranges is (a chunk is sent whole).
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import struct
-from typing import List, Tuple
+from typing import Callable, List, Tuple, Union
 
 import xxhash
 
-from automdt.transfer_engine import JOURNAL_MAGIC, JOURNAL_RECORD_CHECK, JOURNAL_RECORD_FORMAT
+from automdt.transfer_engine import (JOURNAL_MAGIC, JOURNAL_RECORD_CHECK, JOURNAL_RECORD_FORMAT,
+                                     SESSION_CHUNK_SIZE_MAX)
 
 HEADER_MAGIC = b"AMDTJRN1"
 HEADER_SIZE = 64
@@ -65,22 +73,54 @@ def read_records(journal_fd: int) -> Tuple[bytes, int, List[Tuple[int, int, int]
     return fp, chunk_size, recs
 
 
-def verified_chunks(data_fd: int, journal_fd: int, fp: bytes, size: int, chunk_size: int) -> List[int]:
-    """Chunk indices whose journal record matches ``fp`` and whose data re-hashes correctly."""
+def verified_ranges(data_fd: int, journal_fd: int, fp: Union[bytes, Callable[[int], bytes]],
+                    size: int) -> List[Tuple[int, int]]:
+    """``[(start, end), ...]`` byte ranges (merged, sorted) of the partial ``data_fd`` that journal
+    records vouch for and that re-hash correctly; empty unless the journal's header is bound to
+    this source.
+
+    :param fp: the fingerprint the header must carry, or a function of the header's chunk size
+        that gives it (:meth:`automdt.partial.PartialFile.fingerprint`): a journal written with
+        another chunk size is then used as well.
+    """
     jfp, jcs, recs = read_records(journal_fd)
-    if jfp != fp or jcs != chunk_size:
+    if not jfp or not jcs or jfp != (fp(jcs) if callable(fp) else fp):
         return []
-    done = set()
+    seen = set()
+    good: List[Tuple[int, int]] = []
     for offset, length, h in recs:
-        if offset % chunk_size or length != min(chunk_size, size - offset) or length <= 0:
+        if length <= 0 or length > SESSION_CHUNK_SIZE_MAX or offset + length > size or (offset, length) in seen:
             continue
-        idx = offset // chunk_size
-        if idx in done:
-            continue
+        seen.add((offset, length))
         chunk = os.pread(data_fd, length, offset)
         if len(chunk) == length and xxhash.xxh3_64_intdigest(chunk) == h:
-            done.add(idx)
-    return sorted(done)
+            good.append((offset, offset + length))
+    merged: List[Tuple[int, int]] = []
+    for a, b in sorted(good):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def chunks_covered(ranges: List[Tuple[int, int]], size: int, chunk_size: int) -> List[int]:
+    """Indices of the ``chunk_size`` chunks of a ``size``-byte file that lie wholly inside
+    ``ranges`` (from :func:`verified_ranges`)."""
+    done: List[int] = []
+    for a, b in ranges:
+        i = -(-a // chunk_size)
+        while i * chunk_size < size and i * chunk_size + min(chunk_size, size - i * chunk_size) <= b:
+            done.append(i)
+            i += 1
+    return done
+
+
+def verified_chunks(data_fd: int, journal_fd: int, fp: Union[bytes, Callable[[int], bytes]], size: int,
+                    chunk_size: int) -> List[int]:
+    """Indices of the ``chunk_size`` chunks whose bytes journal records vouch for and re-hash
+    correctly (:func:`verified_ranges`, :func:`chunks_covered`)."""
+    return chunks_covered(verified_ranges(data_fd, journal_fd, fp, size), size, chunk_size)
 
 
 def bitmap(indices: List[int], nchunks: int) -> bytes:

@@ -117,7 +117,11 @@ class PartialFile:
         this source and its chunks re-hash correctly; otherwise create both afresh (anything left
         under the names is unlinked first, never opened). Returns the indices of the chunks that
         are already on disk; the file is then :attr:`active`. A file smaller than one chunk gets
-        no journal and is always created afresh."""
+        no journal and is always created afresh.
+
+        A journal written with another chunk size serves too (:func:`automdt.journal.verified_ranges`):
+        the chunks of ``chunk_size`` its verified byte ranges cover are on disk, and the engine
+        appends records of ``chunk_size`` to it."""
         tmp, jname = self.temp_names()
         if self.size < chunk_size:
             if self.stale_journal:  # an earlier run's journal (e.g. of another chunk size): debris now
@@ -125,7 +129,6 @@ class PartialFile:
                 self.stale_journal = False
             self.data_fd, self.journal_fd, self.journaled, self.active = create(tmp, dfd, _RW), -1, False, True
             return []
-        fp = self.fingerprint(chunk_size)
         data_fd = jfd = -1
         try:
             if not self.partial:  # nothing to resume when the plan ran: create (below)
@@ -139,14 +142,16 @@ class PartialFile:
                 # planted at the partial's name would make us write outside the root)
                 if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != euid:
                     raise FileNotFoundError
-            done = journal.verified_chunks(data_fd, jfd, fp, self.size, chunk_size)
-            if not done:
+            # whatever chunk size wrote the journal (its header's, in its fingerprint)
+            ranges = journal.verified_ranges(data_fd, jfd, self.fingerprint, self.size)
+            if not ranges:
                 raise FileNotFoundError  # nothing reusable: start afresh
+            done = journal.chunks_covered(ranges, self.size, chunk_size)
         except OSError:  # missing, a symlink (ELOOP), untrusted or stale: start afresh
             for fd in (data_fd, jfd):
                 if fd >= 0:
                     os.close(fd)
-            data_fd, jfd = self._create(dfd, fp, chunk_size)
+            data_fd, jfd = self._create(dfd, self.fingerprint(chunk_size), chunk_size)
             done = []
         self.data_fd, self.journal_fd, self.journaled, self.active = data_fd, jfd, True, True
         return done

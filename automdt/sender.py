@@ -152,6 +152,9 @@ class Summary:
     bytes: int = 0
     bytes_total: int = 0
     bytes_to_send: int = 0
+    bytes_reused: int = 0
+    """Bytes of the files to send that partial files on the destination already held (journaled
+    by an earlier, interrupted run and re-verified there), so they were not sent again."""
     seconds: float = 0.0
     chunks_resent: int = 0
     integrity_failures: int = 0
@@ -183,13 +186,16 @@ class Summary:
     """The controller's interval records (not part of the JSON summary)."""
     retryable: bool = field(default=True, repr=False)
     """A network failure worth retrying (not part of the JSON summary)."""
+    reused_by_file: Dict[int, int] = field(default_factory=dict, repr=False)
+    """``bytes_reused`` per file id (not part of the JSON summary): a retry within the run counts
+    each file as its first activation found it."""
     start: Optional[Dict[str, Any]] = None
     """Where the thread counts started and why (the interval log's ``start``; :mod:`automdt.start`)."""
 
     def as_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
-        d.pop("history", None)
-        d.pop("retryable", None)
+        for k in ("history", "retryable", "reused_by_file"):
+            d.pop(k, None)
         for k in ("dry_run_files", "verified", "differences", "unreadable", "shard", "start"):
             if d[k] is None:
                 d.pop(k)
@@ -249,6 +255,7 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
     if opts.throttle_schedule is not None and opts.schedule_t0 is None:
         opts = replace(opts, schedule_t0=t0)  # retries continue the same schedule
     moved = resent = 0
+    reused: Dict[int, int] = {}
     attempt = 0
     summary = Summary()
     with interrupts.handling():
@@ -257,6 +264,8 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
                 summary = _run_once(src, dest, opts)
                 moved += summary.bytes
                 resent += summary.chunks_resent
+                for fid, n in summary.reused_by_file.items():  # what a retry reuses of its own run is no reuse
+                    reused.setdefault(fid, n)
                 if summary.exit_code != errors.NETWORK or attempt >= opts.retries or not summary.retryable:
                     break
                 attempt += 1
@@ -271,6 +280,7 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
             if not any(e.startswith("interrupted") for e in summary.errors):
                 summary.errors.append(interrupted(code))
     summary.bytes, summary.chunks_resent, summary.attempts = moved, resent, attempt + 1
+    summary.bytes_reused = sum(reused.values())
     summary.seconds = time.monotonic() - t0
     if opts.shard is not None:
         summary.shard = "{}/{}".format(*opts.shard)
@@ -746,9 +756,11 @@ class _Transfer:
         reply = self.ctl.call(protocol.Activate(ids))
         for fid, action, ranges in reply.files:
             f = self.m.files[fid]
-            if action == "done":
+            if action == "done":  # every chunk was on the destination already
                 self.summary.files_transferred += 1
+                self._reused(fid, f.size)
             elif action == "send":
+                self._reused(fid, f.size - sum(int(r[1]) for r in ranges))
                 try:
                     self.engine.add_file(fid, f.abspath, f.size, f.mtime_ns, [tuple(r) for r in ranges])
                 except OSError as e:
@@ -761,6 +773,11 @@ class _Transfer:
                 self.bytes_queued += sum(int(r[1]) for r in ranges)
             else:
                 self.summary.files_failed += 1
+
+    def _reused(self, fid: int, nbytes: int) -> None:
+        if nbytes > 0:
+            self.summary.reused_by_file[fid] = nbytes
+            self.summary.bytes_reused += nbytes
 
     def _poll(self) -> None:
         """Send a changed write count or write limit; take the receiver's counters, completed
