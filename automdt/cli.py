@@ -102,7 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(size and mtime, or content with --checksum) are skipped; interrupted files "
                                    "resume from their journals.", epilog=EPILOG_EXIT)
     t.add_argument("src", help="source directory (its contents are copied) or file")
-    t.add_argument("dest", help="local directory, or HOST:PORT[/SUBDIR] of a running `automdt receive`")
+    t.add_argument("dest", help="local directory, or HOST:PORT[/SUBDIR] of a running `automdt receive`; as for "
+                                "rsync and scp, a colon before the first slash names a host (HOST:/x and "
+                                "HOST:PORT:x are usage errors, never local directories): write ./NAME:X for a "
+                                "local directory whose name has a colon")
     _add_engine_options(t)
     t.add_argument("--policy", metavar="SPEC", default=None, type=A.nonempty,
                    help="thread-count policy: default (the shield around the capacity controller; the default "

@@ -207,19 +207,50 @@ class Summary:
 _REMOTE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})(/.*)?$")
 
 
+def names_a_host(dest: str) -> bool:
+    """Whether ``dest`` is written as a receiver's address, by rsync's and scp's rule: a colon
+    before the first slash (or a leading ``[`` of an IPv6 address). ``./name:x`` and ``/data/a:b``
+    are local directories; ``host:5000/run``, ``host:/run`` and ``host:5000:run`` name a host."""
+    return dest.startswith("[") or ":" in dest.split("/", 1)[0]
+
+
 def parse_dest(dest: str) -> Tuple[Optional[Tuple[str, int]], str]:
-    """``HOST:PORT[/subdir]`` -> ((host, port), subdir); a local directory -> (None, path)."""
+    """``HOST:PORT[/subdir]`` -> ((host, port), subdir); a local directory -> (None, path).
+
+    Raises ``ValueError`` for a destination written as a host (:func:`names_a_host`) that is not
+    ``HOST:PORT[/SUBDIR]``: it is never taken for a local directory of that name (an scp habit,
+    ``host:/run13``, would otherwise fill the source's disk), whether or not such a directory exists."""
+    if not names_a_host(dest):
+        return None, dest
     m = _REMOTE.match(dest)
-    if m and not os.path.exists(dest):
-        host = m.group(1).strip("[]")
-        return (host, int(m.group(2))), (m.group(3) or "").strip("/")
-    return None, dest
+    if m is None:
+        raise ValueError(_not_an_address(dest))
+    host = m.group(1).strip("[]")
+    return (host, int(m.group(2))), (m.group(3) or "").strip("/")
+
+
+def _not_an_address(dest: str) -> str:
+    """Why ``dest`` is no ``HOST:PORT[/SUBDIR]``, and what was probably meant."""
+    host, _, rest = dest.partition(":")
+    if dest.startswith("["):
+        host, _, rest = dest[1:].partition("]")
+        host, rest = f"[{host}]", rest[1:] if rest.startswith(":") else rest
+    port, sep, tail = re.match(r"(\d*)([:/]?)(.*)$", rest, re.S).groups()  # type: ignore[union-attr]
+    if not port:
+        hint = f"no port after '{host}:'; give the receiver's --listen port, e.g. {host}:5000/{rest.strip('/') or 'SUBDIR'}"
+    elif sep == ":":
+        hint = f"a colon after the port: did you mean {host}:{port}/{tail}?"
+    else:
+        hint = "expected HOST:PORT[/SUBDIR]"
+    return (f"destination {dest!r} is not HOST:PORT[/SUBDIR] of a receiver ({hint}); for a local directory "
+            f"whose name has a colon, write ./{dest}")
 
 
 def check_dest(dest: str) -> None:
-    """Raise ``ValueError`` for a destination no receiver would accept: an empty one, a port out of
-    range, or a remote subdirectory that is absolute, has ``..``/empty components and the like
-    (the receiver refuses those too; checking here makes it a usage error before any work)."""
+    """Raise ``ValueError`` for a destination no receiver would accept: an empty one, one written
+    as a host that is not ``HOST:PORT[/SUBDIR]`` (:func:`parse_dest`), a port out of range, or a
+    remote subdirectory that is absolute, has ``..``/empty components and the like (the receiver
+    refuses those too; checking here makes it a usage error before any work)."""
     from automdt.paths import UnsafePath, check_relpath
 
     if not dest or not dest.strip():
@@ -298,7 +329,10 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
     manifest = scan(src)
     if opts.shard is not None:
         manifest = shard_manifest(manifest, *opts.shard)
-    remote, where = parse_dest(dest)
+    try:
+        remote, where = parse_dest(dest)
+    except ValueError as e:
+        raise AutomdtError(str(e), errors.USAGE) from None
     server = None
     secret = opts.secret
     if remote is None and opts.dry_run and not os.path.isdir(where):
