@@ -170,12 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("receive", help="run the destination daemon",
                        description="Serve transfers into ROOT. Listening on a non-loopback address needs "
                                    "--secret-file. Every resource a sender asks for is clamped. Logs one line per "
-                                   "session start and finish (with totals) on stderr, with times.",
+                                   "session start and finish (with totals) on stderr, with times, and one line "
+                                   "per refused sender with the reason (no or a wrong secret, a destination "
+                                   "subdirectory that cannot be created or written, busy).",
                        epilog=EPILOG_EXIT)
     r.add_argument("--listen", required=True, metavar="HOST:PORT", type=A.hostport,
                    help="address and port of the control channel (data ports are chosen per session)")
     r.add_argument("--root", required=True, metavar="DIR", type=A.nonempty,
-                   help="existing directory every transfer is written beneath")
+                   help="existing directory every transfer is written beneath; the daemon's user must be able "
+                        "to create files in it (checked at start: exit 3 otherwise)")
     r.add_argument("--secret-file", metavar="F", type=A.nonempty,
                    help="shared secret senders must prove (required off loopback; keep it mode 600)")
     r.add_argument("--encrypt", action="store_true",
@@ -609,7 +612,7 @@ def cmd_receive(args) -> int:
     import threading
 
     from automdt.protocol import read_secret
-    from automdt.receiver import ReceiverServer
+    from automdt.receiver import ReceiverServer, check_root
     from automdt.units import parse_hostport, parse_size
 
     host, port = parse_hostport(args.listen)
@@ -617,6 +620,7 @@ def cmd_receive(args) -> int:
     metrics_at = parse_hostport(args.metrics) if args.metrics else None
     if os.path.exists(args.root) and not os.path.isdir(args.root):
         raise AutomdtError(f"--root {args.root}: not a directory", errors.USAGE)
+    check_root(args.root, what="--root")  # missing or not writable: exit 3 now, not at the first sender
     secret = read_secret(args.secret_file) if args.secret_file else None
     metrics = None
     if metrics_at is not None:

@@ -16,7 +16,7 @@ ERROR = 1
 USAGE = 2
 """Bad command line, configuration, profile or policy file."""
 DIR_NOT_FOUND = 3
-"""Source directory (or destination root) not found."""
+"""Source directory not found, or the destination (root or SUBDIR) missing or not writable."""
 FILE_NOT_FOUND = 4
 """Source file not found."""
 NETWORK = 5
@@ -42,7 +42,7 @@ EXIT_CODES = {
     OK: "success (also when nothing needed to move)",
     ERROR: "uncategorised error",
     USAGE: "usage, configuration, profile or policy file error",
-    DIR_NOT_FOUND: "source directory or destination root not found",
+    DIR_NOT_FOUND: "source directory or destination root not found, or the destination not writable",
     FILE_NOT_FOUND: "source file not found",
     NETWORK: "receiver unreachable or connection lost; safe to re-run (resumes)",
     FILES_FAILED: "some files failed (permissions, refused names); others completed",

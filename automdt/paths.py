@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import secrets
 from collections import OrderedDict
 from typing import Tuple
 
@@ -59,6 +60,23 @@ def temp_names(relpath: str) -> Tuple[str, str]:
     """Names (in the file's own directory) of the partial data file and its journal."""
     h = hashlib.sha256(os.fsencode(relpath)).hexdigest()[:24]
     return f"{TEMP_PREFIX}{h}.part", f"{TEMP_PREFIX}{h}.journal"
+
+
+def check_writable(dfd: int) -> None:
+    """Raise ``OSError`` unless a new file can be created in the directory open as ``dfd``.
+
+    A probe file (an AutoMDT temporary name, created with ``O_EXCL`` and removed at once) gets the
+    kernel's own answer for modes, ACLs, read-only mounts and root-squashed NFS alike, where
+    ``access()`` guesses from the mode bits."""
+    name = f"{TEMP_PREFIX}probe-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    os.close(fd)
+    os.unlink(name, dir_fd=dfd)
+
+
+def where_beneath(root: str, parts: Tuple[str, ...]) -> str:
+    """The path of ``parts`` below ``root`` for messages."""
+    return os.path.join(root, *parts) if parts else root
 
 
 class SafeRoot:

@@ -12,6 +12,7 @@ Message flow: ``automdt/PROTOCOL.md``.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -45,6 +46,34 @@ def _peer(frame) -> str:
         return ""
 
 
+def check_root(root: str, writable: bool = True, what: str = "destination root") -> None:
+    """Raise :class:`~automdt.errors.AutomdtError` (exit 3) unless ``root`` is an existing
+    directory and, with ``writable``, this process can create files in it (a probe file, created and
+    removed: :func:`automdt.paths.check_writable`)."""
+    from automdt.paths import check_writable
+
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        why = "no such directory" if e.errno == errno.ENOENT else "not a directory" if e.errno == errno.ENOTDIR \
+            else (e.strerror or str(e)).lower()
+        raise errors.AutomdtError(f"{what} {root}: {why}", errors.DIR_NOT_FOUND) from None
+    try:
+        if writable:
+            check_writable(fd)
+    except OSError as e:
+        import pwd
+
+        try:
+            user = pwd.getpwuid(os.geteuid()).pw_name
+        except KeyError:
+            user = f"uid {os.geteuid()}"
+        raise errors.AutomdtError(f"{what} {root}: not writable by {user}: {e.strerror}",
+                                  errors.from_oserror(e, errors.DIR_NOT_FOUND)) from None
+    finally:
+        os.close(fd)
+
+
 class ReceiverServer:
     """The control server: authenticates senders and runs their sessions.
 
@@ -60,9 +89,8 @@ class ReceiverServer:
     def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
                  max_threads: int = 64, max_memory: int = 1 << 30, idle_timeout_s: float = 60.0,
                  max_files: int = 10_000_000, max_sessions: int = 16, encrypt: bool = False,
-                 metrics: Any = None):
-        if not os.path.isdir(root):
-            raise errors.AutomdtError(f"{root}: destination root is not a directory", errors.DIR_NOT_FOUND)
+                 metrics: Any = None, embedded: bool = False):
+        check_root(root, writable=False)
         if secret is None and not is_loopback(host):
             raise errors.AutomdtError(
                 f"refusing to listen on non-loopback address {host} without --secret-file", errors.USAGE)
@@ -94,6 +122,9 @@ class ReceiverServer:
         self.busy_rejections = 0
         self.metrics = metrics
         """An :class:`automdt.metrics.ReceiverMetrics` to keep up to date, or None."""
+        self.embedded = embedded
+        """Inside ``automdt transfer`` for a local destination: its one sender reports every refusal
+        itself, so the server logs them at debug level only (a daemon logs them as warnings)."""
         self._ctx = zmq.Context()
         self.sock = self._ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -195,13 +226,16 @@ class ReceiverServer:
             if s is None:
                 if msg["type"] != "hello":
                     # e.g. the receiver restarted under a running sender: retry (resumes)
+                    self._refused(ident, peer, f"{msg['type']!r} for no session (the receiver restarted?)")
                     raise SessionError("no such session (the receiver restarted?); re-run to resume", errors.NETWORK)
                 pending = [x for x in self.sessions.values() if x.state in HANDSHAKE_STATES]
                 if len(pending) >= self.max_pending:
                     # unauthenticated peers never crowd out others: the oldest pending one goes
-                    self._drop(min(pending, key=lambda x: x.last_seen).ident)
+                    self._drop(min(pending, key=lambda x: x.last_seen).ident,
+                               f"{self.max_pending} senders in the handshake at once; the oldest goes")
                 if len(self.sessions) - len(pending) >= self.max_sessions:
                     self.busy_rejections += 1
+                    self._refused(ident, peer, f"busy: {self.max_sessions} sessions already (the sender retries)")
                     raise SessionError(f"busy: {self.max_sessions} sessions already", errors.NETWORK)
                 s = self.sessions[ident] = Session(self, ident, peer)
                 self.sessions_total += 1
@@ -211,7 +245,7 @@ class ReceiverServer:
             self._drop(ident, reply.message)
         except SessionError as e:
             reply = protocol.Error(e.code, str(e))
-            if e.code in (errors.FATAL, errors.FILES_FAILED, errors.USAGE):
+            if e.code in (errors.FATAL, errors.FILES_FAILED, errors.USAGE, errors.DIR_NOT_FOUND):
                 self._drop(ident, reply.message)
         except errors.AutomdtError as e:
             reply = protocol.Error(e.code, e.message)
@@ -234,11 +268,19 @@ class ReceiverServer:
             pass
 
     def _drop(self, ident: bytes, why: str = "") -> None:
+        """End a session the receiver refuses (``why``); one that never opened is logged as refused
+        here (an open one logs its totals as it closes)."""
         s = self.sessions.pop(ident, None)
         if s is not None:
-            if why and s.state in HANDSHAKE_STATES:
-                log.warning("session %s%s refused: %s", s.sid, f" from {s.peer}" if s.peer else "", why)
+            if why and s.state != "open":
+                self._refused(ident, s.peer, why)
             s.close(f"ended: {why}" if why else "dropped")
+
+    def _refused(self, ident: bytes, peer: str, why: str) -> None:
+        """Log a refused sender: every refusal gets one line with its reason (a wrong or missing
+        secret, a destination that cannot be written, a full receiver...)."""
+        log.log(logging.DEBUG if self.embedded else logging.WARNING, "session %s%s refused: %s", ident.hex(),
+                f" from {peer}" if peer else "", why)
 
     def start(self) -> "ReceiverServer":
         """Serve in a background thread (used for local transfers and tests)."""

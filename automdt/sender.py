@@ -56,6 +56,8 @@ SUMMARY_ERRORS_MAX = 100
 """Error lines the summary keeps (the log file gets every one)."""
 SUMMARY_PATHS_MAX = 1000
 """Paths a summary list keeps (``dry_run_files``, ``differences``, ``unreadable``)."""
+RECEIVER_PREFIX = "receiver: "
+"""How :class:`automdt.protocol.ControlClient` prefixes a receiver's error reply."""
 LOCAL_MIN_MEMORY = 1 << 20
 """Least staging buffer of the receiver a local transfer embeds."""
 
@@ -360,7 +362,8 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
             opts = replace(opts, encrypt=False)
         secret = os.urandom(32)
         server = ReceiverServer(where, "127.0.0.1", 0, secret=secret, max_threads=max(64, opts.max_threads),
-                                max_memory=max(opts.memory, LOCAL_MIN_MEMORY), encrypt=opts.encrypt).start()
+                                max_memory=max(opts.memory, LOCAL_MIN_MEMORY), encrypt=opts.encrypt,
+                                embedded=True).start()
         host, port, subdir = "127.0.0.1", server.port, ""
     else:
         (host, port), subdir = remote, where
@@ -471,8 +474,11 @@ class _Transfer:
                 self.codes.append(s.code)
                 self.summary.errors.append(interrupted(s.code))
             except AutomdtError as e:
-                if not self.summary.errors or self.summary.errors[-1] != e.message:
-                    self.summary.errors.append(e.message)
+                message = e.message
+                if self.local_server is not None and message.startswith(RECEIVER_PREFIX):
+                    message = message[len(RECEIVER_PREFIX):]  # no receiver the user started: the destination's own words
+                if not self.summary.errors or self.summary.errors[-1] != message:
+                    self.summary.errors.append(message)
                 self.codes.append(e.code)
             except OSError as e:  # not a user's error, yet no reason to lose the summary
                 self.fail(errors.ERROR, f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}")
@@ -547,6 +553,10 @@ class _Transfer:
             raise
         sn = ch.nonce
         if ch.auth and not self.secret:
+            try:  # an auth without a secret: the receiver logs why this sender went away
+                self.ctl.call(protocol.Auth(None), timeout_s=min(self.o.timeout_s, HANDSHAKE_TIMEOUT_S))
+            except AutomdtError:
+                pass
             raise AutomdtError(f"receiver {self.host}:{self.port} requires a shared secret (--secret-file)", errors.FATAL)
         if self.secret and not ch.auth:
             raise AutomdtError(f"receiver {self.host}:{self.port} does not authenticate; refusing to send with --secret-file", errors.FATAL)
@@ -607,6 +617,10 @@ class _Transfer:
                     self.summary.bytes_to_send += f.size
                 else:
                     self.summary.files_failed += 1
+        if self.summary.files_failed or self.m.dirs:
+            # why files (or directories) failed comes with a status: take it now, whether or not
+            # anything is left to send (a run whose every file failed must not end with exit 0)
+            self._poll()
 
     def _verify(self) -> None:
         """Compare content digests of every source file with the destination's; what either side
@@ -676,6 +690,7 @@ class _Transfer:
             ctrl.tick(st, self.receiver_stats, now)
             self._report(ctrl, written)
             time.sleep(self._pause(now))
+        self._poll()  # the last word: errors of files that failed as they were activated, the final counters
         ctrl.tick(self.engine.stats(), self.receiver_stats, time.monotonic(), final=True)  # the last, partial interval
 
     def _start_engine(self) -> None:

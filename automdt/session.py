@@ -26,7 +26,7 @@ from typing import AbstractSet, Any, Callable, Dict, List, Optional, Tuple
 
 from automdt import errors, journal, protocol
 from automdt.partial import PartialFile, missing_ranges, need_transfer
-from automdt.paths import SCRATCH_PREFIX, SafeRoot, UnsafePath, check_relpath
+from automdt.paths import SCRATCH_PREFIX, SafeRoot, UnsafePath, check_relpath, check_writable, where_beneath
 from automdt.transfer_engine import SESSION_CHUNK_SIZE_MAX, SESSION_CHUNK_SIZE_MIN
 
 log = logging.getLogger("automdt.receiver")  # the daemon's one log (the name operators filter on)
@@ -36,6 +36,9 @@ MAX_ACTIVE_FILES = 4096
 LISTING_NAMES_MAX = 200_000
 """Directory entries a session keeps from the listings its plan takes (one listing per directory
 instead of a ``stat`` of each file's name and partial's name); past this it ``stat``s."""
+
+DIRECTORY_ERROR = -1
+"""The file id of an error (``status.errors``) about a directory rather than a file."""
 
 HANDSHAKE_STATES = ("new", "challenged")
 """States of a session that has not proven the secret yet (bounded and timed out separately)."""
@@ -160,7 +163,11 @@ class Session:
         reply = protocol.Welcome()
         if secret is not None:
             want = protocol.mac(secret, "client", self.server_nonce, self.client_nonce)
-            if not hmac.compare_digest(req.mac if req.mac is not None else "", want):
+            if req.mac is None:
+                self.server.auth_failures += 1
+                raise SessionError("authentication failed: the sender gave no secret (it has no --secret-file)",
+                                   errors.FATAL)
+            if not hmac.compare_digest(req.mac, want):
                 self.server.auth_failures += 1
                 raise SessionError("authentication failed: wrong secret", errors.FATAL)
             reply.mac = protocol.mac(secret, "server", self.client_nonce, self.server_nonce)
@@ -195,16 +202,7 @@ class Session:
         self.fsync = req.fsync
         self.checksum = req.checksum
         self.dry_run = req.dry_run
-        self.root = SafeRoot(srv.root, max_cached=srv.dir_cache)
-        try:
-            if self.scratch:
-                self._remove_scratch()  # left by an exploration that was killed: start empty
-            self.dest.dir_fd(self.base, create=not self.dry_run)
-        except FileNotFoundError:
-            if not self.dry_run:
-                raise
-        except UnsafePath as e:
-            raise SessionError(str(e), errors.FILES_FAILED) from e
+        self._open_destination(where_beneath(srv.root, self.base))
         key = protocol.data_key(srv.secret, self.server_nonce, self.client_nonce) if encrypt else None
         wt = (int(req.write_throttle[0]), int(req.write_throttle[1]))
         self.engine = Receiver(srv.host, 0, self.token, chunk, memory, max_threads=srv.max_threads,
@@ -216,6 +214,41 @@ class Session:
                  f" from {self.peer}" if self.peer else "", srv.root, "/" + "/".join(self.base) if self.base else "",
                  chunk, memory, ", encrypted" if encrypt else "", ", dry run" if self.dry_run else "")
         return protocol.Opened(self.engine.port, chunk, memory, srv.max_threads, encrypt, runtime_throttle=True)
+
+    def _open_destination(self, where: str) -> None:
+        """Open the root and the session's subdirectory (created unless a dry run) and make sure a
+        file can be created there: a destination nothing can be written to is refused at once, with
+        its path (exit 3; a full one 7), rather than file by file."""
+        srv = self.server
+        try:
+            self.root = SafeRoot(srv.root, max_cached=srv.dir_cache)
+        except OSError as e:
+            raise SessionError(f"destination {srv.root}: {(e.strerror or 'no such directory').lower()}",
+                               errors.DIR_NOT_FOUND) from None
+        try:
+            if self.scratch:
+                self._remove_scratch()  # left by an exploration that was killed: start empty
+            dfd = self.dest.dir_fd(self.base, create=not self.dry_run)
+        except FileNotFoundError:
+            if self.dry_run:
+                return  # nothing to create in a dry run: every file would be sent
+            raise SessionError(f"destination {where}: no such directory", errors.DIR_NOT_FOUND) from None
+        except UnsafePath as e:
+            raise SessionError(str(e), errors.FILES_FAILED) from e
+        except OSError as e:  # EACCES on a component, EROFS... (ENOSPC: 7)
+            raise SessionError(f"destination {where}: cannot open or create it: {e.strerror}",
+                               errors.from_oserror(e, errors.DIR_NOT_FOUND)) from None
+        if self.dry_run:
+            return
+        try:
+            check_writable(dfd)
+        except OSError as e:
+            raise SessionError(f"destination {where}: not writable: {e.strerror}",
+                               errors.from_oserror(e, errors.DIR_NOT_FOUND)) from None
+
+    def _where(self, parts: Tuple[str, ...]) -> str:
+        """The receiver's path of ``parts`` (beneath its root), for error messages."""
+        return where_beneath(self.server.root, parts)
 
     @property
     def dest(self) -> SafeRoot:
@@ -231,10 +264,20 @@ class Session:
         for d in req.dirs:
             try:
                 parts = check_relpath(d)
-                if not self.dry_run:
-                    root.dir_fd(self.base + parts, create=True)
             except UnsafePath as ex:
                 raise SessionError(f"refused: {ex}", errors.FILES_FAILED) from ex
+            if self.dry_run:
+                continue
+            try:
+                root.dir_fd(self.base + parts, create=True)
+            except UnsafePath as ex:
+                raise SessionError(f"refused: {ex}", errors.FILES_FAILED) from ex
+            except OSError as ex:  # this directory (and what the sender puts in it) fails; the rest goes on
+                code = errors.from_oserror(ex)
+                why = f"{d}: cannot create directory {self._where(self.base + parts)}: {ex.strerror}"
+                if code == errors.FATAL:
+                    raise SessionError(why, code) from ex
+                self.file_errors.append([DIRECTORY_ERROR, code, why])
         entries = req.files
         if len(self.files) + len(entries) > self.server.max_files:
             raise SessionError(f"manifest over the receiver's limit of {self.server.max_files} files", errors.USAGE)
@@ -260,7 +303,7 @@ class Session:
             except OSError as ex:
                 code = errors.from_oserror(ex)
                 action = "fail"
-                self._file_error([fid, code, f"{f.path}: {ex.strerror}"])
+                self._file_error([fid, code, f"{f.path}: {ex.strerror} (in {self._where(f.parts[:-1])})"])
                 if code == errors.FATAL:
                     raise SessionError(f"{f.path}: {ex.strerror}", code) from ex
             if action == "send" and not self.dry_run:
@@ -353,12 +396,12 @@ class Session:
                 raise SessionError(f"more than {MAX_ACTIVE_FILES} files active at once", errors.USAGE)
             try:
                 ranges = self._open_partial(f)
-            except UnsafePath as ex:
-                self._file_error([f.id, errors.FILES_FAILED, f"{f.path}: {ex}"])
-                out.append((f.id, "fail", []))
-                continue
-            except OSError as ex:
-                self._file_error([f.id, errors.from_oserror(ex), f"{f.path}: {ex.strerror}"])
+            except (UnsafePath, OSError) as ex:
+                code = errors.from_oserror(ex) if isinstance(ex, OSError) else errors.FILES_FAILED
+                why = f"cannot write it in {self._where(f.parts[:-1])}: {ex.strerror}" if isinstance(ex, OSError) else ex
+                self._file_error([f.id, code, f"{f.path}: {why}"])
+                self._release(f)
+                self.files.pop(f.id, None)
                 out.append((f.id, "fail", []))
                 continue
             if not ranges:
