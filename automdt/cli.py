@@ -566,15 +566,24 @@ def _report(summary, args) -> None:
         for name in files:
             _out(f"would send: {name}")
         n = max(len(files), d["files_total"] - d["files_skipped"] - d["files_failed"])
-        what = f"would send {n} files ({format_bytes(d['bytes_to_send'])})" if n else "nothing to send"
+        what = f"would send {_files(n)} ({format_bytes(d['bytes_to_send'])})" if n else "nothing to send"
         listed = f", the first {len(files)} listed above" if len(files) < n else ""
-        _out(f"dry run: {what}{listed}; {d['files_skipped']} of {d['files_total']} files already complete, "
+        _out(f"dry run: {what}{listed}; {d['files_skipped']} of {_files(d['files_total'])} already complete, "
              f"{d['files_failed']} failed; nothing changed; exit {d['exit_code']}")
         return
     rate = f"{format_bytes(d['bytes_per_second'])}/s"
     reused = f"; {format_bytes(d['bytes_reused'])} already there from partial files" if d.get("bytes_reused") else ""
+    if d.get("verified") is not None:  # --verify: its outcome in words too, not only in --json
+        for line in (d.get("differences") or []) + (d.get("unreadable") or []):
+            _out(line)
+        _out(f"verify: {d['verified']} of {_files(d['files_total'])} identical by content digest on both ends")
     _out(f"{d['files_transferred']} transferred, {d['files_skipped']} skipped, {d['files_failed']} failed; "
          f"{format_bytes(d['bytes'])} in {d['seconds']:.2f} s ({rate}){reused}; exit {d['exit_code']}")
+
+
+def _files(n: int) -> str:
+    """``1 file``, ``2 files``."""
+    return f"{n} file" if n == 1 else f"{n} files"
 
 
 def cmd_verify(args) -> int:
@@ -603,7 +612,7 @@ def cmd_verify(args) -> int:
             if summary.differences is None:  # it never got to compare: say why
                 for err in summary.errors[:20]:
                     print(f"automdt: {err}", file=sys.stderr)
-            _out(f"{d.get('verified', 0)} of {d['files_total']} files identical; exit {d['exit_code']}")
+            _out(f"{d.get('verified', 0)} of {_files(d['files_total'])} identical; exit {d['exit_code']}")
     return summary.exit_code
 
 
@@ -683,7 +692,7 @@ def cmd_demo(args) -> int:
         if code == 0:
             check = run_transfer(src, dst, TransferOptions(verify_only=True))
             code = check.exit_code
-            _out(f"verified: {check.verified} of {check.files_total} files identical by content digest"
+            _out(f"verified: {check.verified} of {_files(check.files_total)} identical by content digest"
                  if code == 0 else f"verify: {'; '.join(check.errors[:3])}")
     finally:
         if not args.keep:

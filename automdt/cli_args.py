@@ -8,26 +8,91 @@ other options, right after parsing), so a bad value costs no transfer, explorati
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
+import re
 import sys
 import tempfile
-from typing import Callable, NoReturn, Optional
+from typing import Callable, List, NoReturn, Optional
 
 from automdt import errors
 from automdt.errors import AutomdtError
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line (``automdt: PROG: MESSAGE``) and exit 2."""
+    """An ``ArgumentParser`` whose errors are one line (``automdt: PROG: MESSAGE``) and exit 2.
+
+    An option it does not know is reported by the subcommand it was given to (``automdt transfer:
+    unrecognized arguments: --chunksize 1M; did you mean --chunk-size?`` and ``see `automdt
+    transfer --help```), before any missing required argument, and a mistyped choice (a command,
+    ``--fsync fil``) gets the closest valid one, as git and cargo suggest."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self._chosen(ns)
+            parser.error(parser._unknown_message(extras))
+        return ns
+
+    def _chosen(self, ns: argparse.Namespace) -> "Parser":
+        """The (sub)parser that read the options: the subcommand's, when one was given."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                sub = action.choices.get(getattr(ns, action.dest, None) or "")
+                if isinstance(sub, Parser):
+                    return sub._chosen(ns)
+        return self
+
+    def _known(self, token: str) -> bool:
+        """Whether ``token`` (an option, maybe ``--opt=value``, maybe abbreviated) is one of ours."""
+        name = token.split("=", 1)[0]
+        if name in self._option_string_actions:
+            return True
+        if name.startswith("--"):
+            return self.allow_abbrev and any(o.startswith(name) for o in self._option_string_actions)
+        return name[:2] in self._option_string_actions  # -qn: combined short flags
+
+    def _unknown_message(self, extras: List[str]) -> str:
+        text = f"unrecognized arguments: {' '.join(extras)}"
+        options = sorted(o for o in self._option_string_actions if o.startswith("--"))
+        hints = []
+        for token in extras:
+            name = token.split("=", 1)[0]
+            if name.startswith("-") and not _NUMBER.match(name):
+                close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+                if close:
+                    hints.append(close[0])
+        return text + (f"; did you mean {' or '.join(dict.fromkeys(hints))}?" if hints else "")
 
     def error(self, message: str) -> NoReturn:
         text = " ".join(str(message).split())
+        argv = getattr(self, "_argv", [])
+        if text.startswith("the following arguments are required"):
+            # a mistyped option leaves a required one "missing": name the typo instead
+            positional = argv[:argv.index("--")] if "--" in argv else argv
+            unknown = [t for t in positional if t.startswith("-") and t != "-" and not _NUMBER.match(t)
+                       and not self._known(t)]
+            if unknown:
+                text = self._unknown_message(unknown)
+        m = _INVALID_CHOICE.search(text)
+        if m:
+            close = difflib.get_close_matches(m.group(1), re.findall(r"'([^']*)'", m.group(2)), n=1, cutoff=0.6)
+            if close:
+                text += f"; did you mean {close[0]!r}?"
         if self.prog == "automdt" or self.prog.startswith("automdt "):
             where = "automdt: " + (self.prog[len("automdt "):] + ": " if " " in self.prog else "")
         else:
             where = f"{self.prog}: "
         self.exit(errors.USAGE, f"{where}{text} (see `{self.prog} --help`)\n")
+
+
+_NUMBER = re.compile(r"^-\d+(\.\d*)?$|^-\.\d+$")
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 
 
 def _fail(text: str) -> NoReturn:

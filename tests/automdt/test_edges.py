@@ -267,7 +267,7 @@ def test_dry_run_text_lists_what_would_move(tmp_path):
     p = _popen("transfer", src, str(dst), "--dry-run", "--no-lock", "--threads", "1,1,1")
     assert p.returncode == 0, p.stderr
     assert "would send: new/n.bin" in p.stdout
-    assert "dry run: would send 1 files (4.9 KiB); 3 of 4 files already complete" in p.stdout
+    assert "dry run: would send 1 file (4.9 KiB); 3 of 4 files already complete" in p.stdout
     assert not (dst / "new").exists()
 
 

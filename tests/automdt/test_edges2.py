@@ -281,3 +281,36 @@ def test_the_receiver_logs_every_refused_session_with_its_reason(world):
     finally:
         rx.terminate()
         rx.wait(10)
+
+
+# ------------------------------------------------------------------------------ wording
+def test_counts_are_singular_when_one_and_verify_speaks_in_text(tmp_path):
+    src = tmp_path / "one"
+    write_file(str(src / "only.bin"), 100, seed=3)
+    p = _cli("transfer", str(src), str(tmp_path / "dst"), "-n", "--threads", "1,1,1")
+    assert p.returncode == 0, p.stderr
+    assert "dry run: would send 1 file (100 B); 0 of 1 file already complete" in p.stdout, p.stdout
+    p = _cli("transfer", _src(tmp_path), str(tmp_path / "dst2"), "--verify", "--threads", "1,1,1")
+    assert p.returncode == 0, p.stderr
+    assert "verify: 2 of 2 files identical by content digest on both ends" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["transfer", "{src}", "{dst}", "--chunksize", "1M"],
+     "automdt: transfer: unrecognized arguments: --chunksize 1M; did you mean --chunk-size? "
+     "(see `automdt transfer --help`)"),
+    (["transfer", "{src}", "{dst}", "--verfy=yes"], "did you mean --verify? (see `automdt transfer --help`)"),
+    (["receive", "--listn", "127.0.0.1:0", "--root", "{dst}"],
+     "automdt: receive: unrecognized arguments: --listn; did you mean --listen? (see `automdt receive --help`)"),
+    (["tranfer", "{src}", "{dst}"], "did you mean 'transfer'? (see `automdt --help`)"),
+    (["transfer", "{src}", "{dst}", "--fsync", "fil"], "did you mean 'file'? (see `automdt transfer --help`)"),
+    (["verify", "{src}", "{dst}", "--xyzzy"],
+     "automdt: verify: unrecognized arguments: --xyzzy (see `automdt verify --help`)"),
+])
+def test_an_option_typo_points_to_the_subcommand_and_the_closest_option(tmp_path, argv, said):
+    src = _src(tmp_path)
+    dst = tmp_path / "dst"
+    p = _cli(*[a.format(src=src, dst=dst) for a in argv])
+    assert p.returncode == errors.USAGE
+    assert len(p.stderr.strip().splitlines()) == 1 and said in p.stderr, p.stderr
+    assert not dst.exists()
