@@ -777,7 +777,9 @@ def _versions() -> Dict[str, str]:
 
 
 def _write_curve(curve: Sequence[EvalPoint], csv_path: Path, png_path: Path, target: Optional[float],
-                 title: str) -> None:
+                 title: str) -> Any:
+    """Write the learning curve's CSV and PNG; returns the matplotlib figure. A curve of one
+    evaluation (training stopped at once, on target) is drawn from 0 steps with a note saying so."""
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["timesteps", "wall_s", "mean_reward", "fraction_of_oracle", "min_fraction_of_oracle"])
@@ -793,11 +795,27 @@ def _write_curve(curve: Sequence[EvalPoint], csv_path: Path, png_path: Path, tar
     fig = Figure(figsize=(6.4, 3.6), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
     ts = [p.timesteps for p in curve]
-    ax.plot(ts, [p.fraction_of_oracle for p in curve], marker=".", label="mean fraction of oracle")
+    few = len(curve) <= 1  # training stopped at its first evaluation: a point, not a curve
+    ax.plot(ts, [p.fraction_of_oracle for p in curve], marker="o" if few else ".", markersize=8 if few else 6,
+            label="mean fraction of oracle")
     if any(p.min_fraction_of_oracle != p.fraction_of_oracle for p in curve):
-        ax.plot(ts, [p.min_fraction_of_oracle for p in curve], linestyle="--", label="worst profile")
+        ax.plot(ts, [p.min_fraction_of_oracle for p in curve], linestyle="--", marker="v" if few else None,
+                label="worst profile")
     if target is not None:
         ax.axhline(target, color="grey", linewidth=0.8, linestyle=":", label=f"target {target:g}")
+    if few:
+        # one dot on an axis matplotlib centres around it says nothing: start the axis at 0 steps
+        # and say in words why there is no curve
+        ax.set_xlim(0, max(ts[0] if ts else 0, 1) * 1.25)
+        if curve:
+            p0 = curve[0]
+            why = (f"training stopped at its first evaluation ({p0.timesteps} steps):\n"
+                   f"{p0.fraction_of_oracle:.3f} of the oracle" +
+                   (f", target {target:g} reached" if target is not None and p0.fraction_of_oracle >= target else ""))
+        else:
+            why = "no evaluation ran: no curve"
+        ax.text(0.03, 0.05, why, transform=ax.transAxes, fontsize="small", va="bottom",
+                bbox={"facecolor": "white", "edgecolor": "grey", "alpha": 0.9})
     ax.set_xlabel("timesteps")
     ax.set_ylabel("utility / oracle utility")
     ax.set_ylim(0.0, 1.05)
@@ -806,3 +824,4 @@ def _write_curve(curve: Sequence[EvalPoint], csv_path: Path, png_path: Path, tar
     ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     fig.savefig(png_path)
+    return fig

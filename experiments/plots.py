@@ -38,14 +38,42 @@ def _color(policy: str, i: int) -> str:
     return POLICY_COLORS.get(policy, f"C{i % 10}")
 
 
+def run_end(run: Any) -> float:
+    """Seconds from the run's start to its end: the summary's ``seconds`` (its last, partial
+    interval is in no record: a run stopped by ``--max-duration`` ends up to an interval after its
+    last record), never before the last record."""
+    t = _col(run.rows, "t")
+    last = float(t[-1]) if len(t) else 0.0
+    try:
+        end = float((getattr(run, "summary", None) or {}).get("seconds") or 0.0)
+    except (TypeError, ValueError):
+        end = 0.0
+    return max(end, last)
+
+
+def _mark_ends(axes_rows: Sequence[Sequence[Any]], runs: Sequence[Any]) -> None:
+    """Show every run to its end: the x axis reaches the longest run's end, and a dash-dot line
+    marks where each one ended (what follows its last record was not measured)."""
+    ends = [run_end(r) for r in runs]
+    if not ends or max(ends) <= 0:
+        return
+    for row, end in zip(axes_rows, ends):
+        for ax in row:
+            ax.axvline(end, color="k", ls="-.", lw=0.7)
+            ax.set_xlim(0.0, max(ends) * 1.02)
+
+
 def timeseries_grid(path: str, title: str, runs: Sequence[Any], achievable_bps: float,
                     optimum: Sequence[int]) -> str:
-    """One row per run: thread counts (left) and stage throughputs (right) over time.
+    """One row per run: thread counts (left) and stage throughputs (right) over time, to the end
+    of the run (dash-dot: where it ended; after its last interval record nothing was measured).
 
-    ``runs``: objects with ``policy`` and ``rows`` (flattened interval records).
+    ``runs``: objects with ``policy`` and ``rows`` (flattened interval records), and ``summary``
+    (its ``seconds``: the run's end).
     """
     n = max(1, len(runs))
     fig, axes = _subplots(n, 2, (11, 2.1 * n + 0.8), sharex=True)
+    _mark_ends(axes, runs)
     for i, r in enumerate(runs):
         ax_t, ax_x = axes[i]
         _threads_and_rates(ax_t, ax_x, r.rows)
@@ -61,7 +89,7 @@ def timeseries_grid(path: str, title: str, runs: Sequence[Any], achievable_bps: 
         ax_t.set_ylim(bottom=0)
         ax_x.set_ylim(bottom=0)
         if i == 0:
-            ax_t.set_title("thread counts (dotted: minimal optimum)")
+            ax_t.set_title("thread counts (dotted: minimal optimum; dash-dot: run ended)")
             ax_x.set_title("stage throughput (dashed: achievable, dotted: 90%)")
             ax_t.legend(loc="upper right", fontsize=7, ncol=3)
             ax_x.legend(loc="lower right", fontsize=7, ncol=4)
@@ -84,7 +112,8 @@ def _threads_and_rates(ax_t, ax_x, rows: Sequence[Dict[str, Any]]) -> None:
 
 
 def delivered_overlay(path: str, panels: Sequence[Dict[str, Any]]) -> str:
-    """One panel per scenario: delivered (write) throughput of every policy over time.
+    """One panel per scenario: delivered (write) throughput of every policy over time, to the end
+    of the longest run (dash-dot, in the policy's colour: where each run ended).
 
     ``panels``: ``{"title", "achievable_bps", "runs": [...]}``.
     """
@@ -94,12 +123,16 @@ def delivered_overlay(path: str, panels: Sequence[Dict[str, Any]]) -> str:
         for i, r in enumerate(p["runs"]):
             ax.plot(_col(r.rows, "t"), _col(r.rows, "tput_write") / MB, label=r.policy, color=_color(r.policy, i),
                     lw=1.4)
+            ax.axvline(run_end(r), color=_color(r.policy, i), ls="-.", lw=0.7)  # where this run ended
+        if p["runs"]:
+            ax.set_xlim(0.0, max(run_end(r) for r in p["runs"]) * 1.02)
         ax.axhline(p["achievable_bps"] / MB, color="k", ls="--", lw=0.8)
         ax.axhline(0.9 * p["achievable_bps"] / MB, color="k", ls=":", lw=0.8)
         ax.set_title(p["title"])
         ax.set_xlabel("seconds")
         ax.set_ylabel("delivered MB/s")
         ax.set_ylim(bottom=0)
+    axes[0][0].plot([], [], color="k", ls="-.", lw=0.7, label="run ended")
     axes[0][0].legend(fontsize=7)
     return _save(fig, path)
 

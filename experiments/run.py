@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from automdt.experiments import metrics as M
+from automdt.policy_contract import STAGES
 from automdt.experiments import plots
 from automdt.experiments.runner import (ALL_POLICIES, PolicyUnavailable, RunDir, RunResult, Scratch,
                                         build_policy, interval_rows, policy_spec, ppo_default_info, read_csv,
@@ -291,8 +292,7 @@ def _run_matrix(st: Settings, rd: RunDir, scratch: Scratch, scenarios: Sequence[
                 st.log(f"  {sc.name:11s} {ds.spec.kind:5s} {lab:9s} {r.summary['seconds']:6.1f} s  "
                        f"{(m.get('mean_delivered_bps') or 0) / MB:6.1f} MB/s  conv "
                        f"{'-' if conv is None else f'{conv:.1f}'} s  threads "
-                       f"{m.get('after_median_read', 0):.0f},{m.get('after_median_net', 0):.0f},"
-                       f"{m.get('after_median_write', 0):.0f}" + (f"  ERROR {r.error}" if r.error else ""))
+                       f"{_triple_cell(r, sc.achievable_bps)}" + (f"  ERROR {r.error}" if r.error else ""))
                 results.append(r)
     return results
 
@@ -310,6 +310,49 @@ def _ppo_labels(results: Sequence[RunResult]) -> List[str]:
     have = list(dict.fromkeys(r.policy for r in results))
     first = [p for p in ("ppo", "ppo-own") if p in have]
     return first + [p for p in have if p not in first and (p.startswith("ppo:") or p.endswith(".zip"))]
+
+
+CONV_HOLD = 3
+"""Intervals a convergence must hold (:func:`automdt.experiments.metrics.run_metrics`'s ``hold``)."""
+
+
+def _after(r: RunResult, achievable_bps: float) -> List[Dict[str, Any]]:
+    """The interval rows "after convergence", as :func:`~automdt.experiments.metrics.run_metrics`
+    takes them: after the convergence interval, else the run's second half (else its last row)."""
+    rows = r.rows
+    idx = M.convergence_index(rows, achievable_bps, hold=CONV_HOLD)
+    start = idx + 1 if idx is not None else len(rows) // 2
+    return list(rows[start:] if start < len(rows) else rows[-1:])
+
+
+def _most_run_triple(r: RunResult, achievable_bps: float) -> Optional[Tuple[int, int, int]]:
+    """The (read, net, write) triple that ran the most intervals after convergence (ties: the
+    latest), or None without intervals. Unlike per-stage medians it is a triple that ran."""
+    from collections import Counter
+
+    triples = [tuple(int(float(row[f"threads_{s}"])) for s in STAGES) for row in _after(r, achievable_bps)]
+    if not triples:
+        return None
+    counts = Counter(triples)
+    best = max(counts.values())
+    return next(t for t in reversed(triples) if counts[t] == best)  # type: ignore[return-value]
+
+
+def _triple_cell(r: RunResult, achievable_bps: float) -> str:
+    t = _most_run_triple(r, achievable_bps)
+    return "-" if t is None else ",".join(str(x) for x in t)
+
+
+def _conv_cell(r: RunResult, achievable_bps: float) -> str:
+    """Seconds to 90% held (``conv_s``); "too short" when the run reached 90% only in its last
+    intervals, too few to tell whether it held; "never" when it did not reach 90%."""
+    m = r.metrics
+    if m.get("converged"):
+        return M.fmt(m.get("conv_s"), 2)
+    thr = 0.9 * achievable_bps
+    n = len(r.rows)
+    late = any(float(row["tput_write"]) >= thr for row in r.rows[max(0, n - CONV_HOLD + 1):])
+    return "too short" if late else "never"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,8 +392,7 @@ def ppo_vs_marlin(results: Sequence[RunResult], scenarios: Sequence[Scenario], d
                                       "ppo_total_threads": a.get("mean_total_threads"),
                                       "marlin_total_threads": b.get("mean_total_threads"),
                                       "ppo_std_sum": a.get("after_std_sum"), "marlin_std_sum": b.get("after_std_sum")}
-            rows.append([sc.name, p, M.fmt(a.get("conv_s"), 2) if a.get("converged") else "never",
-                         M.fmt(b.get("conv_s"), 2) if b.get("converged") else "never",
+            rows.append([sc.name, p, _conv_cell(pr, sc.achievable_bps), _conv_cell(mar, sc.achievable_bps),
                          M.fmt(conv_ratio, 2) if conv_ratio else ("PPO only" if a.get("converged") else "-"),
                          M.fmt(tput_ratio, 2),
                          ",".join(f"{a.get(f'mean_threads_{s}', 0):.1f}" for s in ("read", "net", "write")),
@@ -360,6 +402,7 @@ def ppo_vs_marlin(results: Sequence[RunResult], scenarios: Sequence[Scenario], d
             nb, no = sc.min_bottleneck_threads, max(v for k, v in sc.min_threads.items() if k != sc.bottleneck)
             conv = a.get("conv_s")
             med_b = a.get(f"after_median_{sc.bottleneck}")
+            most = _most_run_triple(pr, sc.achievable_bps)
             checks += [
                 # "within 5 s" on the controller's 1 s grid: reached by the end of the 5th interval (which ends
                 # a few tens of ms after 5.00 s: the loop ticks every 20 ms)
@@ -367,9 +410,10 @@ def ppo_vs_marlin(results: Sequence[RunResult], scenarios: Sequence[Scenario], d
                  conv is not None and conv <= 5.0 + CONV_TICK_SLACK_S, f"conv {M.fmt(conv, 2)} s"),
                 (f"{sc.name}/{p}: {sc.bottleneck} threads within one of {nb} after convergence",
                  a.get("converged") and med_b is not None and abs(med_b - nb) <= 1,
-                 f"median {M.fmt(med_b, 0)}, {100 * (a.get('bottleneck_within1_frac') or 0):.0f}% of intervals within one"),
+                 f"median {M.fmt(med_b, 1)}, most run {most[STAGES.index(sc.bottleneck)] if most else '-'}, "
+                 f"{100 * (a.get('bottleneck_within1_frac') or 0):.0f}% of intervals within one"),
                 (f"{sc.name}/{p}: other stages low (median <= {2 * no}, twice their minimum {no})",
-                 (a.get("others_after_median_max") or 99) <= 2 * no, f"largest median {M.fmt(a.get('others_after_median_max'), 0)}"),
+                 (a.get("others_after_median_max") or 99) <= 2 * no, f"largest median {M.fmt(a.get('others_after_median_max'), 1)}"),
                 (f"{sc.name}/{p}: thread counts vary less than Marlin's after convergence",
                  (a.get("after_std_sum") or 0) < (b.get("after_std_sum") or 0),
                  f"sum of per-stage std {a.get('after_std_sum', 0):.2f} vs {b.get('after_std_sum', 0):.2f}"),
@@ -439,15 +483,14 @@ def _write_timeseries_experiment(name: str, st: Settings, rd: RunDir, scenarios:
         png = f"{name}-{sc.name}.png"
         plots.timeseries_grid(rd.file(png), f"{sc.name}: {sc.description}", runs, sc.achievable_bps, sc.optimum)
         lines += [f"## {sc.name}", "", f"![{sc.name}]({png})", ""]
-        head = ["policy", "delivered MB/s (mean)", "% of achievable", "conv s (90%)", "threads after conv (median r,n,w)",
+        head = ["policy", "delivered MB/s (mean)", "% of achievable", "conv s (90%)", "threads after conv (most run r,n,w)",
                 "mean total threads", "thread std after conv (r,n,w)", "spread (r,n,w)", "changes",
                 f"{sc.bottleneck} within 1 of {sc.min_bottleneck_threads}", "CPU %"]
         rows = []
         for r in runs:
             m = r.metrics
             rows.append([r.policy, _mb(m.get("mean_delivered_bps")), M.fmt(100 * (m.get("mean_delivered_frac") or 0), 0),
-                         M.fmt(m.get("conv_s"), 2) if m.get("converged") else "never",
-                         ",".join(M.fmt(m.get(f"after_median_{s}"), 0) for s in ("read", "net", "write")),
+                         _conv_cell(r, sc.achievable_bps), _triple_cell(r, sc.achievable_bps),
                          M.fmt(m.get("mean_total_threads"), 1),
                          ",".join(M.fmt(m.get(f"after_std_{s}"), 1) for s in ("read", "net", "write")),
                          ",".join(M.fmt(m.get(f"after_spread_{s}"), 0) for s in ("read", "net", "write")),
@@ -469,7 +512,10 @@ def _write_timeseries_experiment(name: str, st: Settings, rd: RunDir, scenarios:
     lines += pv
     lines += ["Definitions: *conv s* = end of the first interval whose delivered throughput is >= 90% of the "
               "achievable and whose mean over the next 3 intervals is too (seconds since the controller started); "
+              "*too short* = it reached 90% only in the run's last intervals, too few to tell whether it held; "
               "*after conv* = the intervals after it (the second half of the run when it never converged); "
+              "*most run* = the (read, net, write) triple that ran the most of those intervals (the latest of "
+              "equals): a triple the policy really ran, where per-stage medians of two counts are a midpoint; "
               "*changes* = intervals after which the triple changed; *CPU %* = process CPU seconds (sender and "
               "embedded receiver) over wall seconds, in % of one core.", ""]
     rd.write_text("results.md", "\n".join(lines))
