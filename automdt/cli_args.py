@@ -28,11 +28,11 @@ class Parser(argparse.ArgumentParser):
     transfer --help```), before any missing required argument, and a mistyped choice (a command,
     ``--fsync fil``) gets the closest valid one, as git and cargo suggest."""
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args=None, namespace=None):
         self._argv = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_args(self, args=None, namespace=None):
         ns, extras = self.parse_known_args(args, namespace)
         if extras:
             parser = self._chosen(ns)

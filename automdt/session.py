@@ -260,24 +260,7 @@ class Session:
     # ----------------------------------------------------------------- planning
     def _manifest(self, req: protocol.Manifest) -> protocol.Plan:
         plan: List[Tuple[int, str]] = []
-        root = self.dest
-        for d in req.dirs:
-            try:
-                parts = check_relpath(d)
-            except UnsafePath as ex:
-                raise SessionError(f"refused: {ex}", errors.FILES_FAILED) from ex
-            if self.dry_run:
-                continue
-            try:
-                root.dir_fd(self.base + parts, create=True)
-            except UnsafePath as ex:
-                raise SessionError(f"refused: {ex}", errors.FILES_FAILED) from ex
-            except OSError as ex:  # this directory (and what the sender puts in it) fails; the rest goes on
-                code = errors.from_oserror(ex)
-                why = f"{d}: cannot create directory {self._where(self.base + parts)}: {ex.strerror}"
-                if code == errors.FATAL:
-                    raise SessionError(why, code) from ex
-                self.file_errors.append([DIRECTORY_ERROR, code, why])
+        self._make_dirs(req.dirs)
         entries = req.files
         if len(self.files) + len(entries) > self.server.max_files:
             raise SessionError(f"manifest over the receiver's limit of {self.server.max_files} files", errors.USAGE)
@@ -313,6 +296,29 @@ class Session:
         if not self.dry_run:
             self._check_space()
         return protocol.Plan(plan)
+
+    def _make_dirs(self, dirs: List[str]) -> None:
+        """Create the sender's directories (parents first; none in a dry run). A name that would
+        escape ends the session (exit 6); a directory that cannot be created fails alone, reported
+        with the next status (its files fail as they are planned); a full destination is fatal."""
+        root = self.dest
+        for d in dirs:
+            try:
+                parts = check_relpath(d)
+            except UnsafePath as ex:
+                raise SessionError(f"refused: {ex}", errors.FILES_FAILED) from ex
+            if self.dry_run:
+                continue
+            try:
+                root.dir_fd(self.base + parts, create=True)
+            except UnsafePath as ex:
+                raise SessionError(f"refused: {ex}", errors.FILES_FAILED) from ex
+            except OSError as ex:  # this directory (and what the sender puts in it) fails; the rest goes on
+                code = errors.from_oserror(ex)
+                why = f"{d}: cannot create directory {self._where(self.base + parts)}: {ex.strerror}"
+                if code == errors.FATAL:
+                    raise SessionError(why, code) from ex
+                self.file_errors.append([DIRECTORY_ERROR, code, why])
 
     def _plan_file(self, f: PartialFile, digest: Optional[str]) -> Tuple[str, int]:
         """``skip`` (the destination matches), ``done`` (created empty now) or ``send``, with the

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("automdt.transfer_engine._engine")
 
 from automdt import errors  # noqa: E402
-from tests.util import run_cli, trees_identical, write_file  # noqa: E402
+from tests.util import trees_identical, write_file  # noqa: E402
 
 
 def _src(tmp_path):
