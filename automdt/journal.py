@@ -18,8 +18,9 @@ The records are byte ranges, each with its own length, so a journal serves any l
 (:func:`verified_ranges`, :func:`chunks_covered`): a run whose chunk size differs from the one
 that wrote the partial (a job's history picks 1 MiB chunks on a slow path, 4 MiB on a fast one)
 keeps every chunk of its own size that the verified ranges cover, and its engine appends records
-of its own size to the same journal. With a smaller chunk size nothing journaled is sent again;
-with a larger one at most one chunk per gap in the journaled ranges is (a chunk is sent whole).
+of its own size to the same journal. With a smaller chunk size nothing journaled is sent again.
+With a larger one a chunk that a gap in the journaled ranges cuts is sent whole (the engine sends
+whole chunks), and so is a file smaller than one new chunk (it has no journal then).
 """
 from __future__ import annotations
 

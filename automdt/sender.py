@@ -521,8 +521,9 @@ class _Transfer:
                 self.summary.retryable = False
             why = "connection refused" if isinstance(e, ConnectionRefusedError) else \
                 "no answer" if isinstance(e, socket.timeout) else (e.strerror or str(e)).lower()
-            raise AutomdtError(f"receiver {self.host}:{self.port} unreachable ({why}; is `automdt receive` "
-                               "running there?)", errors.NETWORK) from None
+            hint = "is `automdt receive` running there?" if not isinstance(e, socket.gaierror) else \
+                f"for a local directory of that name write ./{self.host}:{self.port}"
+            raise AutomdtError(f"receiver {self.host}:{self.port} unreachable ({why}; {hint})", errors.NETWORK) from None
         if mech is None:  # a live receiver's I/O thread answers at once, however busy it is
             raise AutomdtError(f"receiver {self.host}:{self.port} unreachable (it accepted the connection but sent "
                                f"no greeting within {timeout_s:.0f} s: stopped, or not an automdt "

@@ -314,3 +314,15 @@ def test_an_option_typo_points_to_the_subcommand_and_the_closest_option(tmp_path
     assert p.returncode == errors.USAGE
     assert len(p.stderr.strip().splitlines()) == 1 and said in p.stderr, p.stderr
     assert not dst.exists()
+
+
+def test_an_address_whose_host_does_not_resolve_hints_at_the_local_folder(tmp_path):
+    """``backup:2024`` is a host and a port; when no such host resolves, the error says how to
+    name a local directory of that name (nothing is created)."""
+    src = _src(tmp_path)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    p = _cli("transfer", src, "no-such-host.invalid:2024", "--retries", "0", cwd=work)
+    assert p.returncode == errors.NETWORK, p.stderr
+    assert "for a local directory of that name write ./no-such-host.invalid:2024" in p.stderr, p.stderr
+    assert os.listdir(work) == []
