@@ -179,25 +179,31 @@ def changing_scenarios(quick: bool = False, max_threads: int = 32) -> Dict[str, 
     return {s.name: s for s in out}
 
 
-def schedule_scenario(path: str, max_threads: int = 32, quick: bool = False) -> ChangingScenario:
-    """A loopback scenario from a user's ``--throttle @FILE`` (a held-out schedule)."""
+def throttle_optimum(spec: str, max_threads: int = 32) -> Tuple[int, int, int]:
+    """The simulator's oracle triple for the engine throttles of ``spec`` (128 MiB buffers; a stage
+    the spec leaves unlimited counts as 4 GB/s per thread and in total)."""
     from automdt.simulator.oracle import oracle
     from automdt.simulator.profile import Profile, StageProfile
-    from automdt.throttle import ThrottleSchedule
     from automdt.units import parse_throttle
+
+    lim = parse_throttle(spec)
+    big = 4e9
+    st = [StageProfile(lim[s][0] or big, lim[s][1] or big) for s in STAGES]
+    prof = Profile(read=st[0], net=st[1], write=st[2], sender_buffer=128 << 20, receiver_buffer=128 << 20,
+                   max_threads=max_threads)
+    r, n, w = (int(x) for x in oracle(prof).threads)
+    return (r, n, w)
+
+
+def schedule_scenario(path: str, max_threads: int = 32, quick: bool = False) -> ChangingScenario:
+    """A loopback scenario from a user's ``--throttle @FILE`` (a held-out schedule)."""
+    from automdt.throttle import ThrottleSchedule
 
     sched = ThrottleSchedule.load(path)
     phases = tuple((e.at_s, e.spec) for e in sched.entries)
     if phases[0][0] > 0:
         phases = ((0.0, ""),) + phases
-    optima = []
-    for _, spec in phases:
-        lim = parse_throttle(spec)
-        big = 4e9
-        st = [StageProfile(lim[s][0] or big, lim[s][1] or big) for s in STAGES]
-        prof = Profile(read=st[0], net=st[1], write=st[2], sender_buffer=128 << 20, receiver_buffer=128 << 20,
-                       max_threads=max_threads)
-        optima.append(tuple(int(x) for x in oracle(prof).threads))
+    optima = [throttle_optimum(spec, max_threads) for _, spec in phases]
     loop = RealScenario("loop", "loop", "loopback, engine throttles", on_disk=True, max_threads=max_threads,
                         dataset_bytes=0, n_files=16)
     end = phases[-1][0]
@@ -251,8 +257,8 @@ def _policy(label: str, cs: ChangingScenario, ds: Any, own: Optional[str]) -> Tu
     return real_policy_spec(label, cs.path, ds.avg_file_size, len(ds.files), None, own)
 
 
-def _one(ps: PathSession, cs: ChangingScenario, label: str, spec: str, kw: Dict[str, Any], timeout: float,
-         log_path: Optional[str]) -> Tuple[Any, List[float], List[Dict[str, Any]]]:
+def changing_transfer(ps: PathSession, cs: ChangingScenario, label: str, spec: str, kw: Dict[str, Any],
+                      timeout: float, log_path: Optional[str]) -> Tuple[Any, List[float], List[Dict[str, Any]]]:
     """Run one transfer to completion while the path changes; (run, change times on its clock, events)."""
     pend = ps.start(label, spec, kw, duration_s=timeout, schedule=cs.schedule(), log_path=log_path)
     events: List[Dict[str, Any]] = []
@@ -282,6 +288,16 @@ def _one(ps: PathSession, cs: ChangingScenario, label: str, spec: str, kw: Dict[
     w0 = run.wall_t0 or origin
     change_t = [origin + t - w0 for t in cs.change_times]
     return run, change_t, events
+
+
+def calibrate_goodput(ps: PathSession, quick: bool = False) -> Dict[str, float]:
+    """The goodput efficiency of a network path: a static 2,16,2 transfer alone on the full link
+    (6 s; ``quick``: 4 s), its median delivered rate over the link rate (at most 1)."""
+    link_bps = ps.sc.link_bps
+    cal = ps.run("calibration", "static:2,16,2", duration_s=4.0 if quick else 6.0, rounds=True)
+    xs = [float(r["tput_write"]) for r in cal.rows[1:]] or [0.0]
+    med = float(np.median(xs))
+    return {"median_bps": med, "goodput_efficiency": min(1.0, med / link_bps) if link_bps else 1.0}
 
 
 def _sleep_until(wall: float, proc: Any) -> bool:
@@ -356,12 +372,10 @@ def run_changing(st: Any) -> Any:
             ds = ps.dataset
             goodput = 1.0
             if path.kind == "net":
-                cal = ps.run("calibration", "static:2,16,2", duration_s=6.0 if not st.quick else 4.0, rounds=True)
-                xs = [float(r["tput_write"]) for r in cal.rows[1:]] or [0.0]
-                goodput = min(1.0, float(np.median(xs)) / path.link_bps) if path.link_bps else 1.0
-                info["calibration"] = {"median_bps": float(np.median(xs)), "goodput_efficiency": goodput}
-                st.log(f"    calibration: {np.median(xs) / MB:.1f} MB/s on the {path.link_bps / MB:.0f} MB/s link "
-                       f"(goodput {goodput:.2f})")
+                info["calibration"] = calibrate_goodput(ps, st.quick)
+                goodput = info["calibration"]["goodput_efficiency"]
+                st.log(f"    calibration: {info['calibration']['median_bps'] / MB:.1f} MB/s on the "
+                       f"{path.link_bps / MB:.0f} MB/s link (goodput {goodput:.2f})")
             achievable = cs.phase_nominals(goodput)
             info["achievable_bps"] = achievable
             own = None
@@ -380,7 +394,7 @@ def run_changing(st: Any) -> Any:
                 except PolicyUnavailable as e:
                     info["skipped_policies"][lab] = str(e)
                     continue
-                run, change_t, events = _one(ps, cs, lab, spec, kw, timeout, rd.log_path(name, lab))
+                run, change_t, events = changing_transfer(ps, cs, lab, spec, kw, timeout, rd.log_path(name, lab))
                 res = to_result(run, name, ds.spec.name, achievable[0] or 1.0, "net",
                                 dict(zip(STAGES, cs.phase_optima[0])))
                 ttf = change_metrics(run.rows, change_t, achievable)
