@@ -34,8 +34,8 @@ efficiency of a calibration transfer (static 2,16,2, alone on the full link); ``
 empirical grid search of :func:`automdt.experiments.real.grid_search` (``real``'s empirical oracle;
 ``--grid small``: its coarse form), the best triple's verified rate.
 
-**Controllers** (label, policy spec): ``default`` (what ``automdt transfer`` builds without
-``--policy``), ``ppo`` (the shipped network, bare), ``shield:ppo``, ``model``, ``shield:model``,
+**Controllers** (label, policy spec): ``default`` (the registry's ``default``: what ``automdt
+transfer`` runs without ``--policy``), ``ppo`` (the shipped network, bare), ``shield:ppo``, ``model``, ``shield:model``,
 ``marlin``, ``falcon``, ``heuristic`` (given the path's RTT, link rate, mean file size and count),
 ``topdown``, and ``best-static``: on throttle paths each stage's largest per-phase optimum of the
 simulator's oracle (:func:`automdt.experiments.changing.throttle_optimum`), on link paths the
@@ -140,22 +140,6 @@ DEFAULT_PATHS = ("mb-read-write", "mb-net-read", "two-limits", "throttle-link-ch
                  "disk", "static-ratio")
 """The paths a run takes without ``--paths``: all but ``net-rtt20`` (a window-limited link like
 ``net-rtt80``'s that needs 4 connections, as ``link-steps`` needs 5: 10 minutes more for little)."""
-DEFAULT_FACTORY = "automdt.experiments.ablation_engine:default_policy"
-"""The registry spec of the ``default`` controller (a ``MODULE:FACTORY`` spec: :func:`default_policy`)."""
-
-
-def default_policy(max_threads: int = 32, **kw: Any) -> Any:
-    """The policy ``automdt transfer`` builds when no ``--policy`` (and no ``--threads``) is given.
-
-    The CLI's own resolution (:func:`automdt.cli._resolve_policy`) builds it, so the ``default``
-    controller follows the CLI when its default changes. The job history is not used: every
-    repetition starts like a first run (as ``--no-history``), so repetitions are independent."""
-    from automdt.cli import _resolve_policy
-
-    if kw:
-        raise ValueError(f"the default controller takes no options, got {sorted(kw)}")
-    pol, _, _ = _resolve_policy(argparse.Namespace(policy=None, threads=None), int(max_threads))
-    return pol
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,6 +430,20 @@ def _worst(n: Optional[float]) -> float:
 # ---------------------------------------------------------------------------------------------
 # controllers
 # ---------------------------------------------------------------------------------------------
+def controller_list(text: str) -> List[str]:
+    """``--policies``: a comma list whose ``static:R,N,W`` (also as ``LABEL=static:R,N,W``) keeps its
+    own commas."""
+    from automdt.experiments.run import _policy_list
+
+    out: List[str] = []
+    for tok in _policy_list(text):
+        if tok.isdigit() and out and "=static:" in out[-1].lower() and out[-1].count(",") < 2:
+            out[-1] += "," + tok
+        else:
+            out.append(tok)
+    return out
+
+
 def parse_controllers(tokens: Sequence[str]) -> List[Tuple[str, str]]:
     """``(label, spec)`` pairs from ``--policies`` tokens: a known label, ``LABEL=SPEC`` or a spec
     (labelled by itself)."""
@@ -454,8 +452,6 @@ def parse_controllers(tokens: Sequence[str]) -> List[Tuple[str, str]]:
         if "=" in tok:
             lab, spec = tok.split("=", 1)
             out.append((lab.strip(), spec.strip()))
-        elif tok == "default":
-            out.append((tok, DEFAULT_FACTORY))
         else:
             out.append((tok, tok))
     return out
@@ -472,7 +468,7 @@ def check_controller(label: str, spec: str) -> Optional[str]:
         check_spec(spec)
     except (ValueError, TypeError, ImportError, OSError) as e:
         return f"the policy registry refuses {spec!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-    if spec.strip().lower() == "ppo" or spec == DEFAULT_FACTORY:
+    if spec.strip().lower() == "ppo":
         info = ppo_default_info()
         if not info.get("available"):
             return str(info.get("reason", "no shipped PPO policy"))
@@ -529,8 +525,16 @@ class EngineOptions:
         kw = {k: v for k, v in vars(a).items() if k in names and v is not None}
         if getattr(a, "interval", None) is not None:
             kw["interval_s"] = a.interval
-        if getattr(a, "reps", None) is None:
-            kw["reps"] = 1 if getattr(a, "quick", False) else REPS
+        if getattr(a, "quick", False):
+            kw["reps"] = 1
+        elif getattr(a, "reps", None) is None:
+            kw["reps"] = REPS
+        ctl = getattr(a, "controllers", None)  # the shared `ablation` parser's list (both halves)
+        if kw.get("policies") is None and isinstance(ctl, str) and not (
+                getattr(a, "quick", False) and ctl == ",".join(DEFAULT_CONTROLLERS)):
+            kw["policies"] = controller_list(ctl)
+        if getattr(a, "out_dir", None):  # `ablation --part all/engine`: beside the simulator half
+            kw["out"] = a.out_dir
         return cls(**kw)
 
 
@@ -681,7 +685,7 @@ def run_ablation_engine(args: Any) -> str:
     rd = RunDir(opts.out, NAME)
     g = git_info()
     rerun = (f"python -m automdt.experiments.ablation_engine --paths {','.join(names)} --reps {opts.reps} "
-             f"--policies {','.join(lab if spec in (lab, DEFAULT_FACTORY) else f'{lab}={spec}' for lab, spec in wanted)}"
+             f"--policies {','.join(lab if spec == lab else f'{lab}={spec}' for lab, spec in wanted)}"
              f" --seed {opts.seed}" + (" --quick" if opts.quick else ""))
     config = {"experiment": NAME, "date": _now(), "git": g, "machine": machine_info(), "options": opts.to_dict(),
               "paths": {n: all_paths[n].to_dict() for n in names}, "controllers": [list(c) for c in controllers],
@@ -701,6 +705,9 @@ def run_ablation_engine(args: Any) -> str:
             continue
         try:
             doc["paths"][n] = run_path(ep, controllers, opts, rd, transfers, intervals)
+        except Exception as e:  # noqa: BLE001 - a path that cannot be set up is recorded; the others run
+            doc["skipped_paths"][n] = f"{type(e).__name__}: {e}"
+            opts.log(f"  {n}: failed ({doc['skipped_paths'][n]})")
         finally:
             write_outputs(rd, doc, transfers, intervals)
     path = write_outputs(rd, doc, transfers, intervals)
@@ -804,7 +811,7 @@ def engine_tables(json_path: str) -> str:
 def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the engine ablation's flags to ``parser`` (flags it already has, e.g. ``--out``,
     ``--seed``, ``--quick`` of a shared parser, are kept as they are)."""
-    from automdt.experiments.run import _csv_list, _policy_list
+    from automdt.experiments.run import _csv_list
 
     have = set(getattr(parser, "_option_string_actions", {}))
 
@@ -818,10 +825,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         help=f"a smoke test: paths {','.join(QUICK_PATHS)}, controllers {','.join(QUICK_CONTROLLERS)}, 1 repetition, "
              f"every time x{QUICK_SCALE:g} (a few seconds per transfer)")
     add("--reps", type=int, default=None, help=f"repetitions per path and controller, interleaved (default {REPS}; "
-        "--quick: 1)")
+        "--quick: 1 whatever this says)")
     add("--paths", type=_csv_list, default=None,
         help="comma list of engine paths: " + ",".join(engine_paths()) + " (default: all but net-rtt20)")
-    add("--policies", type=_policy_list, default=None,
+    add("--policies", type=controller_list, default=None,
         help="comma list of controllers: labels (" + ",".join(DEFAULT_CONTROLLERS) + ", the default list), "
              "registry specs (static:R,N,W keeps its commas) or LABEL=SPEC; a spec the policy registry refuses "
              "is skipped with the reason")

@@ -8,9 +8,9 @@ import os
 import pytest
 
 from automdt.experiments.ablation_engine import (LOW_MAX_INTERVALS, RECOVERY_INTERVALS, EngineOptions, check_controller,
-                                                 engine_paths, engine_tables, longest_run, low_intervals,
-                                                 parse_controllers, recovery, run_ablation_engine, summarize,
-                                                 transfer_metrics)
+                                                 controller_list, engine_paths, engine_tables, longest_run,
+                                                 low_intervals, parse_controllers, recovery, run_ablation_engine,
+                                                 summarize, transfer_metrics)
 from automdt.experiments.scenarios import bottleneck_scenarios
 
 MB = 1e6
@@ -138,8 +138,10 @@ def test_the_path_set_is_held_out_and_covers_the_families():
 
 
 def test_controllers_refused_by_the_registry_are_skipped_with_the_reason():
-    pairs = parse_controllers(["default", "marlin", "static:2,2,2", "mine=static:1,2,3", "best-static"])
-    assert pairs[0][1].endswith(":default_policy") and pairs[2] == ("static:2,2,2", "static:2,2,2")
+    tokens = controller_list("default,marlin,static:2,2,2,mine=static:1,2,3,best-static")
+    assert tokens == ["default", "marlin", "static:2,2,2", "mine=static:1,2,3", "best-static"]
+    pairs = parse_controllers(tokens)
+    assert pairs[0] == ("default", "default") and pairs[2] == ("static:2,2,2", "static:2,2,2")
     assert pairs[3] == ("mine", "static:1,2,3")
     assert check_controller("marlin", "marlin") is None and check_controller("best-static", "best-static") is None
     assert check_controller("static:2,2,2", "static:2,2,2") is None
