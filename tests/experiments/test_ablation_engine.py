@@ -186,3 +186,16 @@ def test_quick_run_writes_rows_medians_and_tables(tmp_path):
     with open(os.path.join(out, "ablation-engine.md")) as f:
         assert f.read().strip() == md.strip()
     assert math.isfinite(sum(t["completion_s"] for t in ts))
+
+
+def test_the_shared_ablation_parser_drives_the_engine_half():
+    from automdt.experiments.ablation import build_parser
+
+    a = build_parser().parse_args(["--part", "engine", "--quick", "--paths", "cpu,disk"])
+    a.out_dir = "runs/ablation-x"
+    o = EngineOptions.from_args(a)
+    assert o.quick and o.reps == 1 and o.policies is None and o.paths == ["cpu", "disk"]
+    assert o.out == "runs/ablation-x"
+    a = build_parser().parse_args(["--part", "engine", "--controllers", "marlin,static:2,2,2", "--grid", "small"])
+    o = EngineOptions.from_args(a)
+    assert o.policies == ["marlin", "static:2,2,2"] and o.reps == 3 and o.grid == "small" and o.out == "runs"
