@@ -89,6 +89,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from automdt.experiments.ablation import DEFAULT_CONTROLLERS  # one list for both halves
 from automdt.experiments import metrics as M
 from automdt.experiments.changing import (ChangingScenario, calibrate_goodput, changing_transfer,
                                           throttle_optimum, time_to_fraction)
@@ -132,8 +133,6 @@ TARGETS = {
     "vs_model": f"completion at least {MODEL_RATIO:g}x the model-based controller's on every path (medians)",
 }
 
-DEFAULT_CONTROLLERS = ("default", "ppo", "shield:ppo", "model", "shield:model", "marlin", "falcon", "heuristic",
-                       "topdown", "best-static")
 QUICK_CONTROLLERS = ("marlin", "best-static")
 QUICK_PATHS = ("mb-read-write", "static-ratio")
 DEFAULT_PATHS = ("mb-read-write", "mb-net-read", "two-limits", "throttle-link-change", "net-rtt80", "link-steps", "cpu",
