@@ -1,20 +1,16 @@
 """The shield: a small monitor between any policy and the thread counts it sets.
 
-A policy can come to rest far below what the path delivers, for instance every stage cut to a
-few threads with both buffers full after the bottleneck moved. The shield watches one thing: the
-delivered rate (the write stage's) against the best rate the transfer *held* (two intervals in a
-row) within the last :data:`MEMORY` intervals. When the delivered rate stays below :data:`LOW` of
-it for :data:`PATIENCE` intervals while the busiest stage could still use more threads (it is
-busy, its rate per busy thread is not shared out by a total limit, and it is below the thread
-bound), the shield hands the counts to :class:`Fallback` for :data:`HOLD` intervals, as Canopy
-falls back to Cubic. The fallback gives every stage the threads that carry that best rate at the
-stage's measured rate per busy thread, plus :data:`HEADROOM`. Otherwise the policy's choice
-stands. The policy observes every interval, whoever chose the counts.
-
-The shield reads only the :class:`~automdt.policy_contract.Observation` (throughputs, threads,
-busy and waiting thread-seconds), which the simulator and the live engine both produce, so the
-same object wraps a policy in training (:class:`automdt.agents.shield_env.ShieldedEnv`) and in a
-transfer. Observations without busy thread-seconds pass through unchanged.
+A policy can come to rest far below what the path delivers (every stage cut to a few threads,
+both buffers full, after the bottleneck moved). The shield compares the delivered rate (the write
+stage's) with the best rate the transfer *held* (two intervals in a row) within :data:`MEMORY`
+intervals. When it stays below :data:`LOW` of it for :data:`PATIENCE` intervals while the busiest
+stage could use more threads (busy, its rate per busy thread not shared out by a total limit,
+below the bound), :class:`Fallback` sets the counts for :data:`HOLD` intervals, as Canopy falls
+back to Cubic: every stage gets the threads that carry that rate at its measured rate per busy
+thread, plus :data:`HEADROOM`. Otherwise the policy's choice stands; the policy observes every
+interval either way. The shield reads only the :class:`~automdt.policy_contract.Observation`, so
+one object wraps a policy in training (:class:`automdt.agents.shield_env.ShieldWrapper`) and in a
+transfer; observations without busy thread-seconds pass through.
 """
 from __future__ import annotations
 
@@ -44,9 +40,8 @@ MIN_BUSY_S = 0.25
 
 
 class Fallback:
-    """The simple controller the shield hands over to; also a :class:`Policy` on its own (the
-    controller's safe choice when a policy keeps failing): every stage gets the threads that carry
-    ``(1 + HEADROOM)`` times the best held rate at its best recent rate per busy thread."""
+    """The controller the shield hands over to, and the controller's choice when a policy keeps
+    failing: every stage gets the threads for ``1 + HEADROOM`` times the best held rate."""
 
     name = "fallback"
 

@@ -10,6 +10,8 @@ for a real study (or run ``papermill -p duration_s 20 ...``).
   simulator against the oracle.
 * ``explore_train_transfer.ipynb``: explore a throttled path, fit a profile, train a PPO policy on
   it with a small budget, evaluate it in the simulator against the oracle, then transfer with it.
+* ``ablation.ipynb``: the controller ablation's simulator half on held-out families (the tables
+  and plots of ``python -m automdt.experiments ablation``), and the engine half's published results.
 * ``changing_paths.ipynb``: the policies on a path that changes during the transfer (a moving
   bottleneck, a link that halves, a competing transfer; or your own throttle schedule): time back
   to 90% after each change, completion times; and a changing episode in the simulator.
@@ -349,8 +351,82 @@ pd.DataFrame(trace).set_index("step").T'''),
     ])
 
 
+def ablation():
+    md, code = new_markdown_cell, new_code_cell
+    return _nb([
+        _params('''
+# Parameters (papermill style). The published ablation uses per_family=45, reps=3 (315 cases):
+# `python -m automdt.experiments ablation`. Small defaults run in seconds.
+per_family = 4                     # held-out simulated cases per family
+reps = 1                           # repetitions per case (other noise)
+controllers = ["default", "capacity", "shield:ppo", "ppo", "model", "marlin", "topdown", "best-static"]
+families = ["static", "two-stage", "contention", "noise", "moving", "link", "competing"]
+out = "runs"                       # the run directory goes here
+engine_results = "experiments/results/ablation-engine.json"  # shown if it exists (the engine half takes hours)
+'''),
+        md('''# The controller ablation
+
+Which part of the controller earns its place? This notebook runs the simulator half of
+`python -m automdt.experiments ablation`: every controller on held-out paths from a seeded
+generator that no training or tuning used, in families (static paths, two stages limiting at once,
+contention, heavy noise, a bottleneck that moves, a link that drops and recovers, a competing
+transfer), and scores each run as the fraction of the oracle's utility it reached over intervals
+20-60. The policies appear alone and under the shield, beside the best non-learned controllers.'''),
+        code('''import os, time
+from IPython.display import Markdown, display
+
+from automdt.experiments import ablation as A
+
+cases = A.held_out_cases(per_family, families=families)
+t0 = time.monotonic()
+rows = A.run_sim(cases, controllers, reps=reps, workers=2)
+path = A.write_sim_results(os.path.join(out, "ablation-notebook"), cases, rows, reps, time.monotonic() - t0)
+print(len(cases), "cases,", len(rows), "runs in", round(time.monotonic() - t0, 1), "s:", path)'''),
+        md("## The tables the docs show (generated from the results file)"),
+        code('''display(Markdown(A.sim_tables(path)))'''),
+        md("## Mean fraction of the oracle per family, with bootstrap 95% intervals"),
+        code('''import json
+import matplotlib.pyplot as plt
+import numpy as np
+
+summary = json.load(open(path))["summary"]
+fams = [f for f in summary if f != "all"] + ["all"]
+fig, ax = plt.subplots(figsize=(9, 3.8))
+width = 0.8 / len(controllers)
+for j, lab in enumerate(controllers):
+    m = [summary[f][lab]["mean"] for f in fams]
+    lo = [summary[f][lab]["mean"] - summary[f][lab]["mean_ci"][0] for f in fams]
+    hi = [summary[f][lab]["mean_ci"][1] - summary[f][lab]["mean"] for f in fams]
+    ax.bar(np.arange(len(fams)) + j * width, m, width, yerr=[lo, hi], label=lab, capsize=2)
+ax.set_xticks(np.arange(len(fams)) + 0.4 - width / 2, fams)
+ax.set_ylim(0.4, 1.08); ax.axhline(1.0, c="k", lw=0.6); ax.set_ylabel("fraction of the oracle")
+ax.legend(fontsize=7, ncol=4)
+plt.show()'''),
+        md("## Case by case: the default against the model-based controller\n\nEach point is one held-out case "
+           "(the mean of its repetitions); above the diagonal the default did better."),
+        code('''cases_by = A.per_case(rows)
+fig, ax = plt.subplots(figsize=(4.5, 4.5))
+for f in families:
+    d, m = cases_by.get((f, "default"), {}), cases_by.get((f, "model"), {})
+    common = sorted(set(d) & set(m))
+    ax.scatter([m[c] for c in common], [d[c] for c in common], s=14, label=f)
+ax.plot([0, 1.1], [0, 1.1], c="k", lw=0.6); ax.set_xlim(0.2, 1.1); ax.set_ylim(0.2, 1.1)
+ax.set_xlabel("model"); ax.set_ylabel("default"); ax.legend(fontsize=7)
+plt.show()'''),
+        md("## The engine half\n\nThe engine half runs the controllers on held-out paths of the real engine "
+           "(`--part engine`, about two hours, root for its namespaces, CPU quota and disk paths); its published "
+           "results file is shown when it exists."),
+        code('''from automdt.experiments.ablation_engine import engine_tables
+
+if os.path.exists(engine_results):
+    display(Markdown(engine_tables(engine_results)))
+else:
+    print("no engine results at", engine_results)'''),
+    ])
+
+
 NOTEBOOKS = {"compare_policies.ipynb": compare_policies, "explore_train_transfer.ipynb": explore_train_transfer,
-             "changing_paths.ipynb": changing_paths}
+             "changing_paths.ipynb": changing_paths, "ablation.ipynb": ablation}
 
 
 def build(dest: str = HERE) -> list:

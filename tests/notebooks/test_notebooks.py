@@ -60,7 +60,7 @@ def _outputs(nb):
 def test_notebooks_are_built_by_build_py_without_outputs(tmp_path):
     subprocess.run([sys.executable, os.path.join(NB_DIR, "build.py"), str(tmp_path)], check=True,
                    capture_output=True, timeout=60)
-    for name in ("compare_policies.ipynb", "explore_train_transfer.ipynb", "changing_paths.ipynb"):
+    for name in ("compare_policies.ipynb", "explore_train_transfer.ipynb", "changing_paths.ipynb", "ablation.ipynb"):
         with open(os.path.join(NB_DIR, name)) as f:
             committed = f.read()
         with open(tmp_path / name) as f:
@@ -104,3 +104,13 @@ def test_changing_paths_notebook_runs(tmp_path):
     assert len(runs) == 1
     d = tmp_path / "runs" / runs[0]
     assert (d / "results.md").exists() and (d / "schedule-moving-bottleneck.yaml").exists()
+
+
+def test_ablation_notebook_runs(tmp_path):
+    """Two cases per family, three controllers: the tables, the per-family bars and the scatter."""
+    nb = _execute("ablation.ipynb", {"per_family": 2, "controllers": ["default", "model", "best-static"],
+                                     "engine_results": str(tmp_path / "none.json")}, tmp_path)
+    text, images = _outputs(nb)
+    assert images >= 2
+    assert "**moving**" in text and "| default |" in text and "no engine results" in text
+    assert (tmp_path / "runs" / "ablation-notebook" / "ablation-sim.json").exists()
