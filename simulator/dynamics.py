@@ -29,6 +29,7 @@ from automdt.simulator.contract import (  # noqa: F401  (re-exported: their old 
 )
 from automdt.simulator.profile import (N_PROFILE_UNIFORMS, Profile, capacity_array, peak_capacity_array,
                                       random_profile_arrays)
+from automdt.simulator.types import Observation
 
 N_PARAM_UNIFORMS = 32
 """Uniforms reserved at each reset before the noise block (see :data:`U_LAYOUT`)."""
@@ -586,6 +587,20 @@ class SimCore:
         f = 1.0 + (noise * _SQRT3)[:, None, None] * (2.0 * u[:, :, :3] - 1.0)
         z = _SQRT3 * (2.0 * u[:, :, 3:] - 1.0) if self.chunked else np.zeros_like(f)
         return f, z
+
+    def observation(self, row: int = 0) -> Observation:
+        """What a policy sees of environment ``row`` after its last interval (the engine's counters)."""
+        t, x = self.threads[row], self.tput[row]
+        return Observation(
+            threads=(int(t[0]), int(t[1]), int(t[2])),
+            throughput_bps=(float(x[0]), float(x[1]), float(x[2])),
+            buffer_fill=(float(self.fill_obs[row, 0]), float(self.fill_obs[row, 1])),
+            interval_s=self.interval_s,
+            max_threads=self.max_threads,
+            buffer_bytes=(int(round(self.smax[row])), int(round(self.rmax[row]))),
+            busy_s=tuple(float(v) for v in self.busy[row]),  # type: ignore[arg-type]
+            wait_s=tuple(float(v) for v in self.wait[row]),  # type: ignore[arg-type]
+        )
 
     # ------------------------------------------------------------------ step
     def step_threads(self, threads: np.ndarray, rngs: Sequence[np.random.Generator]) -> None:

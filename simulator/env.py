@@ -29,7 +29,7 @@ from automdt.simulator.dynamics import (
 )
 from automdt.simulator.pipeline import ObservationEncoder  # noqa: F401  (re-exported: its old home)
 from automdt.simulator.profile import STAGES, Profile
-from automdt.simulator.types import Observation, Triple
+from automdt.simulator.types import Triple
 
 ENV_ID = "automdt/BufferSim-v0"
 
@@ -321,17 +321,7 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
         t = c.threads[0]
         x = c.tput[0]
         fs, fr = float(c.fill_obs[0, 0]), float(c.fill_obs[0, 1])
-        obs = Observation(
-            threads=(int(t[0]), int(t[1]), int(t[2])),
-            throughput_bps=(float(x[0]), float(x[1]), float(x[2])),
-            buffer_fill=(fs, fr),
-            interval_s=c.interval_s,
-            max_threads=c.max_threads,
-            buffer_bytes=(int(round(c.smax[0])), int(round(c.rmax[0]))),
-            busy_s=tuple(float(v) for v in c.busy[0]),  # type: ignore[arg-type]
-            wait_s=tuple(float(v) for v in c.wait[0]),  # type: ignore[arg-type]
-        )
-        info: dict[str, Any] = {"observation": obs}
+        info: dict[str, Any] = {"observation": c.observation(0)}
         for i, st in enumerate(STAGES):
             info[f"sim/{st}/threads"] = int(t[i])
             info[f"sim/{st}/throughput_bps"] = float(x[i])

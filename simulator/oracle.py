@@ -159,7 +159,11 @@ def evaluate_policy_in_sim(
     noise: float | None = None,
     start_threads: Triple | None = None,
 ) -> SimTrajectory:
-    """Run a policy in :class:`BufferSimEnv` on ``profile`` and score it against the oracle.
+    """Run a policy in the simulator on ``profile`` and score it against the oracle.
+
+    It drives the numpy core of :class:`~automdt.simulator.env.BufferSimEnv` (the same dynamics,
+    seeding and observations as that environment with ``random_start=False``) without Gymnasium,
+    so ``automdt simulate`` runs in the base install.
 
     :param policy: an object with ``reset(max_threads, seed) -> Triple`` and
         ``act(Observation) -> Triple`` (the :class:`automdt.agents.base.Policy` protocol), or a
@@ -182,21 +186,24 @@ def evaluate_policy_in_sim(
         raise TypeError("policy must have reset()/act() methods or be a callable act(Observation)")
     if start_threads is not None:
         start = start_threads
-    from automdt.simulator.env import BufferSimEnv  # gymnasium: imported here, so oracle() stays numpy-only
+    from automdt.simulator.dynamics import SimCore
 
-    env = BufferSimEnv(profile, k=k, episode_steps=steps, random_start=False, noise=noise)
-    _, info = env.reset(seed=seed, options={"threads": tuple(int(x) for x in start)})
+    core = SimCore(1, profile, k, steps, randomize=0.0, random_profiles=False, random_start=False, noise=noise,
+                   substeps=1, bound_penalty=0.0)
+    rng = np.random.default_rng(seed)  # what Gymnasium's reset(seed=) makes: PCG64 over SeedSequence(seed)
+    core.reset_rows(np.array([0]), [rng], {"threads": tuple(int(x) for x in start)})
     threads = np.zeros((steps, 3), dtype=np.int64)
     tput = np.zeros((steps, 3))
     fill = np.zeros((steps, 2))
     util = np.zeros(steps)
-    observations = [info["observation"]]
+    o = core.observation(0)
+    observations = [o]
     for t in range(steps):
-        triple = act(info["observation"])
-        _, _, _, _, info = env.step_threads(tuple(int(x) for x in triple))
-        o = info["observation"]
+        triple = act(o)
+        core.step_threads(np.asarray([int(x) for x in triple], dtype=np.int64).reshape(1, 3), [rng])
+        o = core.observation(0)
         observations.append(o)
-        threads[t], tput[t], fill[t], util[t] = o.threads, o.throughput_bps, o.buffer_fill, info["sim/utility"]
+        threads[t], tput[t], fill[t], util[t] = o.threads, o.throughput_bps, o.buffer_fill, core.utility[0]
     last_third = [tuple(int(x) for x in row) for row in threads[-max(1, steps // 3):]]
     settled: Triple = Counter(last_third).most_common(1)[0][0]  # type: ignore[assignment]
     orc = oracle(profile, k)
