@@ -1,8 +1,10 @@
 """The ``automdt`` command line.
 
-Heavy modules (torch, stable-baselines3) are imported inside the commands that need them, so
-``automdt transfer`` with a non-PPO policy never imports torch; the engine package (a few ms) is
-imported at once for its limits (the chunk-size range). User errors print one
+Heavy modules are imported inside the commands that need them: ``transfer``, ``receive``,
+``explore``, ``verify``, ``simulate`` and ``demo`` run on the base install (PPO inference is
+numpy); ``train`` and ``tune`` need the ``train`` extra (and ``tune`` the ``sweeps`` one) and say
+so in one line (exit 2) where it is missing (:mod:`automdt.lazy`). The engine package (a few ms)
+is imported at once for its limits (the chunk-size range). User errors print one
 line ``automdt: ...`` on stderr and exit with a documented code (``automdt exit-codes``). Every
 option's value and every output path is checked before any work starts
 (:mod:`automdt.cli_args`); SIGINT/SIGTERM stop a command cleanly with exit 130/143, however many
@@ -20,6 +22,7 @@ from typing import List, Optional
 
 from automdt import __version__, cli_args as A, errors, interrupts
 from automdt.errors import AutomdtError, Interrupted
+from automdt.lazy import extra_of, require
 from automdt.transfer_engine import SESSION_CHUNK_SIZE_MAX, SESSION_CHUNK_SIZE_MIN
 
 log = logging.getLogger("automdt")
@@ -33,6 +36,8 @@ QUIET_CODES = (errors.OK, errors.MAX_DURATION, errors.LOCK_BUSY)
 ORACLE_ONLY_IN_SIMULATOR = ("policy 'oracle' needs the path's true profile, so it runs only in the simulator "
                             "(automdt simulate --policy oracle)")
 """Outcomes ``--quiet`` reports by exit code only (and in --summary-file/--log-file), not on stderr."""
+TRAIN_MODULES = ("torch", "stable_baselines3", "gymnasium", "matplotlib")
+"""What ``train`` and ``tune`` need: the ``train`` extra (matplotlib draws the learning curve)."""
 
 
 def _debug_option(p: argparse.ArgumentParser) -> None:
@@ -94,7 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"automdt {__version__}")
     p.add_argument("--debug", action="store_true", help="log debug messages and show tracebacks")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_transfer_parser, _verify_parser, _receive_parser, _demo_parser, _explore_parser, _train_parser,
+                _tune_parser, _simulate_parser, _exit_codes_parser):
+        add(sub)
+    return p
 
+
+def _transfer_parser(sub) -> None:
     t = sub.add_parser("transfer", help="copy a directory tree to a local directory or a running receiver",
                        description="Copy the contents of SRC (a directory, or one file) to DEST: a local directory "
                                    "(a receiver then runs inside this process; chunks reach it without a socket) or HOST:PORT[/SUBDIR] "
@@ -146,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="job_name label of the --metrics-file series (default: the last component of SRC)")
     _debug_option(t)
 
+
+def _verify_parser(sub) -> None:
     v = sub.add_parser("verify", help="compare a source tree with a destination by content digest",
                        description="Compare the content digest (XXH3-128 over the per-chunk XXH3-64 digests) of "
                                    "every file of SRC with DEST (a local directory or HOST:PORT[/SUBDIR]); print "
@@ -167,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("-q", "--quiet", action="store_true", help="print nothing; the exit code tells")
     _debug_option(v)
 
+
+def _receive_parser(sub) -> None:
     r = sub.add_parser("receive", help="run the destination daemon",
                        description="Serve transfers into ROOT. Listening on a non-loopback address needs "
                                    "--secret-file. Every resource a sender asks for is clamped. Logs one line per "
@@ -198,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="senders served at once; more get 'busy' and retry (default 16)")
     _debug_option(r)
 
+
+def _demo_parser(sub) -> None:
     d = sub.add_parser("demo", help="create a sample dataset, transfer it locally, check it, remove it",
                        description="Create a sample dataset (a few large files and many small ones) in "
                                    "DIR/src, copy it to DIR/dst with the live display, compare every file's "
@@ -212,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--keep", action="store_true", help="keep DIR/src and DIR/dst afterwards")
     _debug_option(d)
 
+
+def _explore_parser(sub) -> None:
     e = sub.add_parser("explore", help="short real transfer with random thread counts; fit a profile",
                        description="Move real data of SRC to DEST for --duration seconds, drawing a random "
                                    "(read, net, write) thread triple every interval, and fit the simulator "
@@ -234,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(e)
     _debug_option(e)
 
+
+def _train_parser(sub) -> None:
     tr = sub.add_parser("train", help="train a PPO policy offline in the simulator",
                         description="Train a PPO agent (stable-baselines3) in the buffer simulator configured by "
                                     "--profile (or on broadly randomised profiles without one). With --profile it "
@@ -259,16 +280,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write SB3's TensorBoard logs and the evaluations' fraction of the oracle to DIR/PPO_<n>")
     _debug_option(tr)
 
+
+def _tune_parser(sub) -> None:
     tu = sub.add_parser("tune", help="Optuna study over PPO and reward settings in the simulator (shared storage)",
                         description="Run trials of an Optuna study: each trains PPO in the simulator with sampled "
                                     "hyperparameters and reward settings and scores its fraction of the oracle. "
                                     "Processes (or nodes) given the same --storage and --study-name share one "
-                                    "study. Same as `python -m automdt.experiments tune`.", epilog=EPILOG_EXIT)
-    from automdt.experiments.sweeps import add_tune_arguments
+                                    "study. Needs the train and sweeps extras (pip install 'automdt[train,sweeps]').",
+                        epilog=EPILOG_EXIT)
+    from automdt.tune import add_tune_arguments
 
     add_tune_arguments(tu)
     _debug_option(tu)
 
+
+def _simulate_parser(sub) -> None:
     sm = sub.add_parser("simulate", help="evaluate a policy in the simulator against the oracle",
                         description="Run a policy (default, a trained zip, ppo for the shipped PPO network, or a "
                                     "baseline: static:R,N,W, globus, marlin, falcon, heuristic, model, topdown, capacity, "
@@ -286,9 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     _debug_option(sm)
 
+
+def _exit_codes_parser(sub) -> None:
     x = sub.add_parser("exit-codes", help="list the exit codes", description="List the exit codes.")
     _debug_option(x)
-    return p
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -816,6 +843,7 @@ def _estimate(st: dict, key: str, fmt) -> str:
 
 
 def cmd_train(args) -> int:
+    require(TRAIN_MODULES, "train")
     profile = _load_profile(args.profile) if args.profile else None
     if os.path.isdir(args.output):
         raise AutomdtError(f"-o {args.output}: is a directory (name the policy file, e.g. {args.output.rstrip('/')}/policy.zip)",
@@ -878,7 +906,8 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from automdt.experiments.sweeps import print_tune, tune
+    require(TRAIN_MODULES + ("optuna",), "tune")
+    from automdt.tune import print_tune, tune
 
     print_tune(tune(args), args.json)
     return 0
@@ -998,6 +1027,11 @@ def _run_command(args) -> int:
     except Exception as e:  # a bug: still one line unless --debug
         if args.debug:
             raise
+        extra = extra_of(e) if isinstance(e, ModuleNotFoundError) else None
+        if extra is not None:  # an optional package not checked beforehand (a MODULE:FACTORY policy on torch)
+            print(f"automdt: {args.command} needs {getattr(e, 'name', None)}, which this install lacks: "
+                  f"pip install 'automdt[{extra}]'", file=sys.stderr)
+            return errors.USAGE
         print(f"automdt: internal error: {type(e).__name__}: {e} (re-run with --debug for details)", file=sys.stderr)
         return errors.ERROR
     finally:
