@@ -46,6 +46,28 @@ def _debug_option(p: argparse.ArgumentParser) -> None:
                    help="log debug messages and show tracebacks")
 
 
+def _switch(text: str) -> str:
+    """``--switch NAME=VALUE``, checked at parse time (exit 2)."""
+    from automdt.transfer_engine.switches import Switches
+
+    try:
+        if not text.strip():
+            raise ValueError("expected NAME=VALUE")
+        Switches.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--switch {text}: ")) from None
+    return text
+
+
+SWITCH_HELP = ("a data-path switch for comparisons (benchmarks), NAME=VALUE, repeatable: local_link=0, sendfile=0, "
+               "tls_batch=0 (set it on both ends), files_at_once=N; a transfer records them in its --log start "
+               "record (see docs/environment.md)")
+
+
+def _switch_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--switch", metavar="NAME=VALUE", action="append", type=_switch, help=SWITCH_HELP)
+
+
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", metavar="R,N,W", default=None, type=A.threads,
                    help="static read,network,write thread counts (with --policy: the starting counts)")
@@ -77,6 +99,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                         "10 or 13 (cron mails only real failures)")
     p.add_argument("--sndbuf", metavar="BYTES", default="0", type=A.size(0, 2**31 - 1, "sndbuf"),
                    help="per-connection socket send buffer cap, emulates a TCP window (default 0: the kernel's)")
+    _switch_option(p)
 
 
 def _add_ops_options(p: argparse.ArgumentParser) -> None:
@@ -211,6 +234,7 @@ def _receive_parser(sub) -> None:
                    help="serve Prometheus metrics on http://HOST:PORT/metrics (port 0: any free port)")
     r.add_argument("--max-sessions", type=A.integer(1, 100_000), default=16, metavar="N",
                    help="senders served at once; more get 'busy' and retry (default 16)")
+    _switch_option(r)
     _debug_option(r)
 
 
@@ -984,7 +1008,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return e.code if isinstance(e.code, int) else errors.USAGE
         except Interrupted as e:
             return e.code
-        args.debug = bool(getattr(args, "debug", False))
+        # AUTOMDT_DEBUG mirrors --debug (the engine reads it at import too)
+        args.debug = bool(getattr(args, "debug", False)) or os.environ.get("AUTOMDT_DEBUG", "0") not in ("", "0")
         if args.command is None:
             parser.print_help()
             return errors.USAGE
@@ -1002,6 +1027,11 @@ def _run_command(args) -> int:
     if args.command in LIVE_COMMANDS:
         for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
             os.environ.setdefault(var, "1")  # a user's own setting stays
+    from automdt.transfer_engine import _engine, switches
+
+    # --switch and --debug hold for this command (main() may run more than once in a process)
+    previous = switches.configure(switches.Switches.parse(getattr(args, "switch", None)))
+    was_debug = _engine.set_debug(True) if args.debug else None
     try:
         logs = _Logging(args).__enter__()
         if args.command != "transfer":  # (transfer acts on it where it can still write its summary)
@@ -1035,6 +1065,9 @@ def _run_command(args) -> int:
         print(f"automdt: internal error: {type(e).__name__}: {e} (re-run with --debug for details)", file=sys.stderr)
         return errors.ERROR
     finally:
+        switches.configure(previous)
+        if was_debug is not None:
+            _engine.set_debug(was_debug)
         if logs is not None:
             with interrupts.shielded():
                 logs.__exit__(None, None, None)

@@ -127,8 +127,8 @@ class TransferOptions:
     """A local destination: the sender engine hands each chunk's buffer to the in-process receiver
     (the local link; no socket, no copy between the ends). With the link, ``encrypt`` is dropped
     (nothing leaves the process; the summary says ``"encrypted": false``). Off (False, or the
-    environment variable ``AUTOMDT_LOCAL_LINK=0``) or with ``data_endpoint_hook``: loopback TCP, as
-    to a remote receiver (TLS with ``encrypt``)."""
+    switch ``local_link=0``: :mod:`automdt.transfer_engine.switches`) or with ``data_endpoint_hook``:
+    loopback TCP, as to a remote receiver (TLS with ``encrypt``)."""
     throttle_schedule: Any = None
     """A :class:`automdt.throttle.ThrottleSchedule` (``--throttle @FILE``): limits that change during
     the run; replaces ``throttle``. Read and network limits apply on this engine, write limits are
@@ -323,7 +323,9 @@ def run_transfer(src: str, dest: str, opts: TransferOptions) -> Summary:
 def local_link_on(opts: TransferOptions) -> bool:
     """A local destination takes the local link (unless turned off, or a test hook maps the data
     endpoint); then ``--encrypt`` is dropped, as nothing leaves the process."""
-    return opts.local_link and opts.data_endpoint_hook is None and os.environ.get("AUTOMDT_LOCAL_LINK") != "0"
+    from automdt.transfer_engine import switches
+
+    return opts.local_link and opts.data_endpoint_hook is None and switches.current().local_link
 
 
 def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
@@ -735,6 +737,10 @@ class _Transfer:
 
             ctrl.annotations["throttle"] = format_throttle(self.limits)
         ctrl.start_notes["chunk_bytes"] = self.chunk_size
+        from automdt.transfer_engine import switches
+
+        if switches.current().changed():  # comparison settings of the data path (--switch)
+            ctrl.start_notes["switches"] = switches.current().changed()
         ctrl.start()
         return ctrl
 

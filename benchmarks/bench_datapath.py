@@ -15,7 +15,7 @@ Sections (``--only NAME[,NAME]``), each run interleaved with its peers (ours, pe
            --encrypt. Targets: >= 0.95x iperf3, encrypted >= 0.95x plain.
   encrypt  --encrypt against plain, speed and CPU: a local destination (both take the local link,
            nothing is encrypted) and a receiving daemon on 127.0.0.1 (TLS over loopback TCP against
-           plain loopback TCP; and TLS with AUTOMDT_TLS_BATCH=0, one socket call per record, as
+           plain loopback TCP; and TLS with --switch tls_batch=0, one socket call per record, as
            before 2026-11-24). Target: >= 0.8x.
 
 Every run's figures: wall time of the whole command (start-up included), Gbit/s, and CPU
@@ -289,9 +289,9 @@ def ratios(rows: Dict[str, Dict[str, float]], ours_names: Sequence[str], target:
 
 
 # ----------------------------------------------------------------------------- sections
-# A local transfer hands chunks to its in-process receiver over the local link; this environment
-# variable makes it use loopback TCP instead (the path of every local transfer before the link).
-NO_LINK = ("env", "AUTOMDT_LOCAL_LINK=0")
+# A local transfer hands chunks to its in-process receiver over the local link; this switch makes
+# it use loopback TCP instead (the path of every local transfer before the link).
+NO_LINK = ["--switch", "local_link=0"]
 TCP_ROW = "automdt --threads 4,4,4, loopback TCP"
 
 
@@ -308,15 +308,15 @@ def section_local(ctx: Ctx) -> Dict[str, Any]:
             ds = ctx.dataset(name)
             dest = os.path.join(ctx.scratch, "local-dst")
 
-            def run(args: Sequence[str], prefix: Sequence[str] = ()) -> Sample:
+            def run(args: Sequence[str]) -> Sample:
                 with destination(dest, ds):
-                    return ours(ctx, ds, dest, args, prefix=prefix, verify=dest)
+                    return ours(ctx, ds, dest, args, verify=dest)
 
             cont: List[Tuple[str, Callable[[], Sample]]] = [
                 ("automdt (default command)", lambda: run([])),
                 ("automdt --threads 4,4,4", lambda: run(["--threads", "4,4,4"])),
                 # the same over loopback TCP instead of the local link: what the link buys
-                (TCP_ROW, lambda: run(["--threads", "4,4,4"], prefix=NO_LINK))]
+                (TCP_ROW, lambda: run(["--threads", "4,4,4"] + NO_LINK))]
             if srv is not None:
                 for cc, p, pp in gridftp_settings(ds):
                     cont.append((gridftp_name(cc, p, pp), lambda cc=cc, p=p, pp=pp: srv.run(ds, cc, p, pp)))
@@ -469,14 +469,13 @@ def section_link(ctx: Ctx) -> Dict[str, Any]:
     return out
 
 
-def _loopback_receiver(ctx: Ctx, root: str, extra: Sequence[str] = (), env: Optional[Dict[str, str]] = None
-                       ) -> Tuple[subprocess.Popen, int]:
+def _loopback_receiver(ctx: Ctx, root: str, extra: Sequence[str] = ()) -> Tuple[subprocess.Popen, int]:
     """`automdt receive` on 127.0.0.1 (a free port), its log in the scratch directory."""
     port = free_port()
     log = open(os.path.join(ctx.scratch, f"receiver-{port}.log"), "wb")
     p = PROCS.start(ctx.automdt + ["receive", "--listen", f"127.0.0.1:{port}", "--root", root, "--secret-file",
                                    ctx.secret, "--idle-timeout", "300"] + list(extra),
-                    stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})))
+                    stdout=log, stderr=subprocess.STDOUT)
     wait_port("127.0.0.1", port, 30, p)
     return p, port
 
@@ -484,13 +483,13 @@ def _loopback_receiver(ctx: Ctx, root: str, extra: Sequence[str] = (), env: Opti
 ENC_PAIRS = [("local, default command", "plain local (default command)", "--encrypt local (default command)"),
              ("local, --threads 4,4,4", "plain local --threads 4,4,4", "--encrypt local --threads 4,4,4"),
              ("local, 4,4,4, as before 2026-11-24 (TLS over loopback TCP in the process)",
-              "plain local --threads 4,4,4", "--encrypt local --threads 4,4,4, AUTOMDT_LOCAL_LINK=0"),
+              "plain local --threads 4,4,4", "--encrypt local --threads 4,4,4, --switch local_link=0"),
              ("loopback TCP, default command", "plain loopback TCP (default command)",
               "--encrypt loopback TCP (default command)"),
              ("loopback TCP, --threads 4,4,4", "plain loopback TCP --threads 4,4,4",
               "--encrypt loopback TCP --threads 4,4,4"),
-             ("loopback TCP, 4,4,4, TLS one record per socket call (AUTOMDT_TLS_BATCH=0)",
-              "plain loopback TCP --threads 4,4,4", "--encrypt loopback TCP --threads 4,4,4, AUTOMDT_TLS_BATCH=0")]
+             ("loopback TCP, 4,4,4, TLS one record per socket call (--switch tls_batch=0)",
+              "plain loopback TCP --threads 4,4,4", "--encrypt loopback TCP --threads 4,4,4, --switch tls_batch=0")]
 
 
 def section_encrypt(ctx: Ctx) -> Dict[str, Any]:
@@ -499,7 +498,8 @@ def section_encrypt(ctx: Ctx) -> Dict[str, Any]:
     daemon on 127.0.0.1 (`automdt receive [--encrypt]`, `automdt transfer SRC 127.0.0.1:PORT/x`:
     TLS 1.3 over loopback TCP against plain loopback TCP, the CPU-bound case; CPU counts both
     processes). Two rows run paths as they were before 2026-11-24: a local --encrypt over TLS on
-    loopback TCP (AUTOMDT_LOCAL_LINK=0), and TLS with one socket call per record (AUTOMDT_TLS_BATCH=0)."""
+    loopback TCP (--switch local_link=0), and TLS with one socket call per record (--switch tls_batch=0,
+    both ends)."""
     ds = ctx.dataset("large")
     dest = os.path.join(ctx.scratch, "enc-dst")
     roots = {k: fresh_dir(os.path.join(ctx.scratch, f"enc-rx-{k}")) for k in ("plain", "tls", "tls0")}
@@ -507,20 +507,19 @@ def section_encrypt(ctx: Ctx) -> Dict[str, Any]:
     try:
         rx["plain"] = _loopback_receiver(ctx, roots["plain"])
         rx["tls"] = _loopback_receiver(ctx, roots["tls"], ["--encrypt"])
-        rx["tls0"] = _loopback_receiver(ctx, roots["tls0"], ["--encrypt"], env={"AUTOMDT_TLS_BATCH": "0"})
+        rx["tls0"] = _loopback_receiver(ctx, roots["tls0"], ["--encrypt", "--switch", "tls_batch=0"])
 
-        def local(args: Sequence[str], prefix: Sequence[str] = ()) -> Sample:
+        def local(args: Sequence[str]) -> Sample:
             with destination(dest, ds):
-                return ours(ctx, ds, dest, list(args), prefix=prefix, verify=dest)
+                return ours(ctx, ds, dest, list(args), verify=dest)
 
         def tcp(which: str, args: Sequence[str]) -> Sample:
             p, port = rx[which]
             root = os.path.join(roots[which], "x")
             with destination(root, ds):
                 extra = ["--secret-file", ctx.secret] + (["--encrypt"] if which != "plain" else [])
-                prefix = ("env", "AUTOMDT_TLS_BATCH=0") if which == "tls0" else ()
-                return ours(ctx, ds, f"127.0.0.1:{port}/x", list(args) + extra, prefix=prefix, rx_pid=p.pid,
-                            verify=root)
+                extra += ["--switch", "tls_batch=0"] if which == "tls0" else []
+                return ours(ctx, ds, f"127.0.0.1:{port}/x", list(args) + extra, rx_pid=p.pid, verify=root)
 
         t4 = ["--threads", "4,4,4"]
         cont: List[Tuple[str, Callable[[], Sample]]] = [
@@ -528,12 +527,12 @@ def section_encrypt(ctx: Ctx) -> Dict[str, Any]:
             ("--encrypt local (default command)", lambda: local(["--encrypt"])),
             ("plain local --threads 4,4,4", lambda: local(t4)),
             ("--encrypt local --threads 4,4,4", lambda: local(t4 + ["--encrypt"])),
-            ("--encrypt local --threads 4,4,4, AUTOMDT_LOCAL_LINK=0", lambda: local(t4 + ["--encrypt"], NO_LINK)),
+            ("--encrypt local --threads 4,4,4, --switch local_link=0", lambda: local(t4 + ["--encrypt"] + NO_LINK)),
             ("plain loopback TCP (default command)", lambda: tcp("plain", [])),
             ("--encrypt loopback TCP (default command)", lambda: tcp("tls", [])),
             ("plain loopback TCP --threads 4,4,4", lambda: tcp("plain", t4)),
             ("--encrypt loopback TCP --threads 4,4,4", lambda: tcp("tls", t4)),
-            ("--encrypt loopback TCP --threads 4,4,4, AUTOMDT_TLS_BATCH=0", lambda: tcp("tls0", t4))]
+            ("--encrypt loopback TCP --threads 4,4,4, --switch tls_batch=0", lambda: tcp("tls0", t4))]
         say(f"  {ds.label()}, local destination and a receiving daemon on 127.0.0.1, medians of {ctx.args.reps}:")
         runs = measure(ctx, cont)
     finally:

@@ -13,7 +13,7 @@ Sections (``--only NAME[,NAME]``):
             of a few settings
   memory    peak RSS of the transferring process against the staging-buffer caps
   encrypt   the cost of --encrypt (TLS 1.3 data connections, CURVE control channel): plain vs
-            encrypted on loopback TCP (both ends in one process, AUTOMDT_LOCAL_LINK=0; CPU-bound:
+            encrypted on loopback TCP (both ends in one process, --switch local_link=0; CPU-bound:
             Gbit/s and CPU-seconds per GB) and on a 1 Gbit/s veth link between two namespaces
 
 Every figure is a median of --reps repetitions (default 3) run interleaved with the peer's
@@ -813,7 +813,7 @@ def section_encrypt(b: Bench) -> Dict[str, Any]:
             # a local --encrypt takes the local link unencrypted, as a plain one does: both ends
             # in this process over loopback TCP instead (TLS against plain on the same transport)
             with destination(dest, ds):
-                r = b.ours(ds, dest, f"2,{n},2", prefix=("env", "AUTOMDT_LOCAL_LINK=0"), extra=extra, verify=dest)
+                r = b.ours(ds, dest, f"2,{n},2", extra=extra + ["--switch", "local_link=0"], verify=dest)
             cpu[key].append(r["cpu_s"] / (r["bytes"] / 1e9))
             return gbit(r["bytes"], r["engine_s"])
 

@@ -3,7 +3,7 @@
 
 One profiled run of the CLI (after one untimed warm-up), tmpfs to tmpfs, in one or both of:
   local   `automdt transfer SRC DSTDIR` (receiver in the same process, the local link;
-          AUTOMDT_LOCAL_LINK=0 in the environment: loopback TCP)
+          --extra='--switch=local_link=0': loopback TCP)
   netns   `automdt receive` in namespace B, `automdt transfer SRC 10.77.0.2:PORT` in namespace A,
           over a veth pair without a rate limit (benchmarks/netns.py)
   gridftp the peer measured the same way between the same namespaces: `globus-url-copy -fast

@@ -25,8 +25,8 @@ JOURNAL_RECORD_HASH: int
 JOURNAL_RECORD_CHECK: int
 JOURNAL_RECORD_FORMAT: str
 # of this build and process
-DEBUG: int
 HASH_IMPL: str
+FILES_AT_ONCE_MAX: int
 
 # (bytes, busy_ns, wait_ns, idle_ns, threads_target, threads_live)
 _StageTuple = tuple[int, int, int, int, int, int]
@@ -56,6 +56,8 @@ class Sender:
         tls_key: bytes | None = None,
         zerocopy: bool = True,
         local: Receiver | None = None,
+        files_at_once: int = 0,
+        tls_per_record: bool = False,
     ) -> None: ...
     zerocopy: bool
     local: bool
@@ -97,6 +99,7 @@ class Receiver:
         rcvbuf: int = 0,
         write_threads: int = 1,
         tls_key: bytes | None = None,
+        tls_per_record: bool = False,
     ) -> None: ...
     def add_file(
         self, file_id: int, fd: int, journal_fd: int, size: int, done_chunks: bytes | None = None, /
@@ -116,3 +119,4 @@ class Receiver:
 def trim_cache(max_age_s: float = 0.0, /) -> None: ...
 def cached_bytes() -> int: ...
 def hash64(data: bytes, impl: str = "", /) -> int: ...
+def set_debug(on: bool, /) -> bool: ...

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, NamedTuple, Optional, Sequence, TypeVar, Union
 
 from . import _engine
+from . import switches as _switches
 
 __all__ = [
     "BufferStats",
@@ -315,13 +316,15 @@ class Sender(_Engine):
     :param zerocopy: on plain connections, readers hash each chunk through a small buffer and
         network threads send the payload with ``sendfile()`` straight from the page cache (no
         copy in the staging buffer; the buffer's byte cap then bounds what was read ahead and
-        not sent yet). False, TLS, or the environment variable ``AUTOMDT_SENDFILE=0``: chunks
-        are copied into the staging buffer and sent from there. See :attr:`zerocopy`.
+        not sent yet). False, TLS, or the switch ``sendfile=0``: chunks are copied into the
+        staging buffer and sent from there. See :attr:`zerocopy`.
     :param local: a :class:`Receiver` of this process to hand chunks to over the local link
         instead of connecting to (host, port): a network thread gives the receiver the buffer a
         reader filled (no socket, no copy between the two ends; the receiver's writers verify
         each chunk as always). Plain only (no ``tls_key``); the chunk sizes must match; chunks
         are staged as bytes (``zerocopy`` is off). The sender keeps the receiver alive.
+    :param switches: the data-path switches (:mod:`automdt.transfer_engine.switches`: ``sendfile``,
+        ``tls_batch``, ``files_at_once``); None: those in force in the process.
     """
 
     def __init__(
@@ -341,6 +344,7 @@ class Sender(_Engine):
         tls_key: Optional[bytes] = None,
         zerocopy: bool = True,
         local: Optional[Receiver] = None,
+        switches: Optional[_switches.Switches] = None,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise ValueError("host must be a non-empty string")
@@ -354,9 +358,11 @@ class Sender(_Engine):
         self.chunk_size = chunk_size
         self.max_threads = max_threads
         self.encrypted = tls_key is not None
+        sw = switches or _switches.current()
         self._e = _engine.Sender(host, port, bytes(token), chunk_size, memory_bytes, max_threads,
                                  rt, rT, nt, nT, sndbuf, fault_corrupt, nr, nn, _check_key(tls_key),
-                                 bool(zerocopy), None if local is None else local._e)
+                                 bool(zerocopy) and sw.sendfile, None if local is None else local._e,
+                                 sw.files_at_once, not sw.tls_batch)
 
     @property
     def local(self) -> bool:
@@ -496,6 +502,8 @@ class Receiver(_Engine):
     :param threads: write threads to start with.
     :param tls_key: 32 bytes: connections must speak TLS 1.3 keyed with it (see Sender); a
         connection without the key fails its handshake and is counted as rejected.
+    :param switches: the data-path switches (:mod:`automdt.transfer_engine.switches`:
+        ``tls_batch``); None: those in force in the process.
     """
 
     def __init__(
@@ -511,6 +519,7 @@ class Receiver(_Engine):
         *,
         threads: int = 1,
         tls_key: Optional[bytes] = None,
+        switches: Optional[_switches.Switches] = None,
     ) -> None:
         if not isinstance(host, str):
             raise ValueError("host must be a string ('' binds every address)")
@@ -522,8 +531,10 @@ class Receiver(_Engine):
         self.chunk_size = chunk_size
         self.max_threads = max_threads
         self.encrypted = tls_key is not None
+        sw = switches or _switches.current()
         self._e = _engine.Receiver(host, port, bytes(token), chunk_size, memory_bytes,
-                                   max_threads, wt, wT, rcvbuf, threads, _check_key(tls_key))
+                                   max_threads, wt, wT, rcvbuf, threads, _check_key(tls_key),
+                                   not sw.tls_batch)
 
     @property
     def port(self) -> int:

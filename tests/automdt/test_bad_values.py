@@ -35,6 +35,7 @@ OUT_FILE = [NOFILE, PROCFILE, DIR, ""]
 IN_FILE = [NOFILE, DIR, ""]
 SECRET = IN_FILE + [OPEN_SECRET, EMPTY_SECRET]
 PROFILE = IN_FILE + [BAD_YAML, PLAIN]
+SWITCH = ["sendfile=2", "nope=1", "files_at_once=99", "local_link", ""]
 
 ENGINE = {
     "--threads": THREADS + ["40,1,1"],  # above --max-threads 32
@@ -46,6 +47,7 @@ ENGINE = {
     "--interval": ["0", "-1", "x", "0.01", "nan", ""],
     "--log": OUT_FILE,
     "--sndbuf": ["-1", "x", "3Gi", ""],
+    "--switch": SWITCH,
 }
 OPS = {
     "--lock-file": [PROCFILE, DIR, ""],
@@ -65,7 +67,8 @@ BAD = {
     "receive": {"--listen": ["x", "127.0.0.1:99999", "127.0.0.1:x", ""], "--root": [PLAIN, ""],
                 "--secret-file": SECRET, "--max-threads": ["0", "-1", "x", ""],
                 "--max-memory": ["0", "-1", "x", "1K", ""], "--idle-timeout": SECONDS_POS, "--log-file": OUT_FILE,
-                "--metrics": ["x", "127.0.0.1:99999", ""], "--max-sessions": ["0", "-1", "x", ""]},
+                "--metrics": ["x", "127.0.0.1:99999", ""], "--max-sessions": ["0", "-1", "x", ""],
+                "--switch": SWITCH},
     "demo": {"--dir": [PROCFILE, PLAIN, ""], "--size": ["0", "-1", "x", "1K", ""], "--threads": THREADS},
     "explore": {**ENGINE, "--duration": SECONDS_POS + ["1"], "-o": OUT_FILE, "--seed": ["-1", "x", ""]},
     "train": {"--profile": PROFILE, "-o": OUT_FILE, "--timesteps": INT1, "--seed": ["-1", "x", ""],

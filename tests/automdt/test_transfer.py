@@ -123,16 +123,18 @@ def test_persistent_corruption_fails_with_integrity_code_and_renames_nothing(mak
 def test_a_local_destination_takes_the_local_link_unless_turned_off(make_tree, tmp_path):
     """The default command moves a local tree over the local link, --encrypt too (nothing leaves
     the process: no TLS, no --secret-file needed, and the summary says "encrypted": false);
-    AUTOMDT_LOCAL_LINK=0 takes loopback TCP, with TLS under --encrypt. Every way gives the same tree."""
+    --switch local_link=0 takes loopback TCP, with TLS under --encrypt (and says so in the summary's
+    start record). Every way gives the same tree."""
     src = make_tree({f"d/f{i}": 5 * CHUNK + i for i in range(5)} | {"one": 1})
-    no_link = {"AUTOMDT_LOCAL_LINK": "0"}
-    for i, (env, extra, link, encrypted) in enumerate([({}, (), "local", False), (no_link, (), "tcp", False),
-                                                       ({}, ("--encrypt",), "local", False),
-                                                       (no_link, ("--encrypt",), "tcp", True)]):
+    no_link = ("--switch", "local_link=0")
+    for i, (extra, link, encrypted) in enumerate([((), "local", False), (no_link, "tcp", False),
+                                                  (("--encrypt",), "local", False),
+                                                  (no_link + ("--encrypt",), "tcp", True)]):
         dst = str(tmp_path / f"dst{i}")
-        code, summary, err = run_cli("transfer", src, dst, "--json", "--chunk-size", str(CHUNK), *extra, env=env)
+        code, summary, err = run_cli("transfer", src, dst, "--json", "--chunk-size", str(CHUNK), *extra)
         assert code == 0, err
-        assert (summary["link"], summary["encrypted"]) == (link, encrypted), (env, extra)
+        assert (summary["link"], summary["encrypted"]) == (link, encrypted), extra
+        assert summary["start"].get("switches") == ({"local_link": False} if no_link[0] in extra else None)
         assert err == ""  # no warning for a cron run
         assert trees_identical(src, dst)[0]
 

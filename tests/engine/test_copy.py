@@ -6,6 +6,8 @@ import struct
 
 import pytest
 
+from automdt.transfer_engine import switches
+
 from .conftest import wait_for
 
 CHUNK = 64 * 1024
@@ -150,16 +152,15 @@ def test_corruption_hook_and_requeue(rig):
 
 
 @pytest.mark.parametrize("at_once", ["3", None])
-def test_large_files_are_read_several_at_a_time(rig, monkeypatch, at_once):
+def test_large_files_are_read_several_at_a_time(rig, at_once):
     """Chunks are taken round robin from the first files of the queue, as many files as the
-    wider sender stage has threads (AUTOMDT_FILES_AT_ONCE=N: N), so the receiver's writers work
+    wider sender stage has threads (the switch files_at_once=N: N), so the receiver's writers work
     on different files instead of queueing on one file's inode lock. One thread per stage keeps
     the order of the reads as the order of the writes: with 3 files at once a one-chunk file
     queued after an eight-chunk one completes first; with one read and one network thread
     (the default then reads one file at a time, in add order) it completes second."""
-    if at_once is not None:
-        monkeypatch.setenv("AUTOMDT_FILES_AT_ONCE", at_once)
-    r = rig(chunk=CHUNK, threads=(0, 1, 1))
+    with switches.using(files_at_once=int(at_once or 0)):
+        r = rig(chunk=CHUNK, threads=(0, 1, 1))
     r.add(1, 8 * CHUNK)
     r.add(2, CHUNK // 2)
     r.add(3, 8 * CHUNK + 1)

@@ -7,6 +7,7 @@ import ssl
 
 import pytest
 
+from automdt.transfer_engine import switches
 from tests.util import TcpTap
 
 from .conftest import te, wait_for
@@ -14,9 +15,14 @@ from .conftest import te, wait_for
 CHUNK = 64 * 1024
 
 
-def test_tls_copy_identical_with_churn_and_corruption_hook(rig):
+@pytest.mark.parametrize("batch", [(True, True), (False, False), (True, False)])
+def test_tls_copy_identical_with_churn_and_corruption_hook(rig, batch):
+    """Batched records (the default) and the switch tls_batch=0 (one socket call per record) on
+    either end: the same bytes arrive."""
     key = os.urandom(32)
-    r = rig(chunk=CHUNK, threads=(2, 3, 2), sender_kw={"tls_key": key}, receiver_kw={"tls_key": key})
+    tx_sw, rx_sw = (switches.Switches(tls_batch=b) for b in batch)
+    r = rig(chunk=CHUNK, threads=(2, 3, 2), sender_kw={"tls_key": key, "switches": tx_sw},
+            receiver_kw={"tls_key": key, "switches": rx_sw})
     assert r.tx.encrypted and r.rx.encrypted
     sizes = [0 + 1, CHUNK - 1, CHUNK, CHUNK + 1, 7 * CHUNK + 3, 3 << 20]
     for fid, size in enumerate(sizes, start=1):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from automdt.transfer_engine import _engine
+from automdt.transfer_engine import _engine, switches
 
 from .conftest import te, wait_for
 
@@ -25,11 +25,10 @@ def _copy_all(rig, sender_kw, receiver_kw=None):
     return r
 
 
-@pytest.mark.parametrize("mode", ["sendfile", "copy", "env-copy"])
-def test_zero_copy_and_copy_paths_deliver_identical_bytes(rig, monkeypatch, mode):
-    if mode == "env-copy":
-        monkeypatch.setenv("AUTOMDT_SENDFILE", "0")
-    r = _copy_all(rig, {"zerocopy": mode == "sendfile"})
+@pytest.mark.parametrize("mode", ["sendfile", "copy", "switch-copy"])
+def test_zero_copy_and_copy_paths_deliver_identical_bytes(rig, mode):
+    with switches.using(sendfile=mode != "switch-copy"):  # the switch sendfile=0 as the process's setting
+        r = _copy_all(rig, {"zerocopy": mode != "copy"})
     assert r.tx.zerocopy is (mode == "sendfile")
     ts, rs = r.tx.stats(), r.rx.stats()
     assert ts.read.bytes == ts.net.bytes == rs.write.bytes == sum(SIZES)

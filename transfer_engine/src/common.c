@@ -5,6 +5,8 @@ int amdt_debug_enabled = 0;
 
 void amdt_debug_init(void)
 {
+    /* AUTOMDT_DEBUG mirrors the CLI's --debug (which calls set_debug()) for any user of the
+     * module: set and not "0" turns the engine's debug lines on. */
     const char *v = getenv("AUTOMDT_DEBUG");
     amdt_debug_enabled = (v != NULL && v[0] != '\0' && strcmp(v, "0") != 0);
 }

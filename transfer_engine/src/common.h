@@ -37,7 +37,8 @@ void amdt_debug_init(void);
 void amdt_debug_impl(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* The check avoids evaluating the arguments when debug mode (env AUTOMDT_DEBUG) is off. */
+/* The check avoids evaluating the arguments when debug mode (env AUTOMDT_DEBUG, set_debug())
+ * is off. */
 #define amdt_debug(...)                                       \
     do {                                                      \
         if (amdt_debug_enabled)                               \

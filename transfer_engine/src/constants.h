@@ -17,7 +17,8 @@
 
 #define AMDT_CHUNK_SIZE_MIN 1
 #define AMDT_CHUNK_SIZE_MAX (1 << 30)
-#define AMDT_MAX_THREADS 4096 /* threads of one stage */
+#define AMDT_MAX_THREADS 4096     /* threads of one stage */
+#define AMDT_FILES_AT_ONCE_MAX 64 /* files a sender reads at the same time, at most */
 
 /* ---- session limits: what automdt's CLI and control protocol accept ------------------- */
 

@@ -36,9 +36,6 @@ const char *amdt_hash_impl = "libxxhash";
 
 void amdt_hash_init(void)
 {
-    const char *force = getenv("AUTOMDT_HASH");
-    if (force != NULL && strcmp(force, "libxxhash") == 0)
-        return;
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     if (amdt_hash64_avx2 != NULL && amdt_hstream_avx2 != NULL && __builtin_cpu_supports("avx2")) {

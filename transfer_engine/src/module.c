@@ -59,7 +59,20 @@ static PyObject *amdt_py_cached_bytes(PyObject *mod, PyObject *Py_UNUSED(ignored
     return PyLong_FromSize_t(amdt_pool_cached_bytes());
 }
 
+static PyObject *amdt_py_set_debug(PyObject *mod, PyObject *args)
+{
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on))
+        return NULL;
+    int was = amdt_debug_enabled;
+    amdt_debug_enabled = on;
+    return PyBool_FromLong(was);
+}
+
 static PyMethodDef amdt_module_methods[] = {
+    {"set_debug", amdt_py_set_debug, METH_VARARGS,
+     "set_debug(on) -> the previous setting: the engine's debug lines on stderr (the CLI's "
+     "--debug; at import: environment variable AUTOMDT_DEBUG set and not '0')"},
     {"cached_bytes", amdt_py_cached_bytes, METH_NOARGS,
      "cached_bytes() -> slot memory kept for the next engine now (see trim_cache)"},
     {"trim_cache", amdt_py_trim_cache, METH_VARARGS,
@@ -78,6 +91,7 @@ static const struct {
     long value;
 } amdt_int_constants[] = {
     {"CHUNK_SIZE_MIN", AMDT_CHUNK_SIZE_MIN},
+    {"FILES_AT_ONCE_MAX", AMDT_FILES_AT_ONCE_MAX},
     {"CHUNK_SIZE_MAX", AMDT_CHUNK_SIZE_MAX},
     {"MAX_THREADS", AMDT_MAX_THREADS},
     {"SESSION_CHUNK_SIZE_MIN", AMDT_SESSION_CHUNK_SIZE_MIN},
@@ -122,8 +136,7 @@ static int amdt_add_constants(PyObject *m)
             return -1;
     }
     /* Of this build and process: */
-    if (PyModule_AddIntConstant(m, "DEBUG", amdt_debug_enabled) < 0 ||
-        PyModule_AddStringConstant(m, "HASH_IMPL", amdt_hash_impl) < 0)
+    if (PyModule_AddStringConstant(m, "HASH_IMPL", amdt_hash_impl) < 0)
         return -1;
     return 0;
 }

@@ -71,9 +71,10 @@ static int Receiver_init(amdt_py_engine *self, PyObject *args, PyObject *kwds)
                              "rcvbuf",
                              "write_threads",
                              "tls_key",
+                             "tls_per_record",
                              NULL};
     const char *host;
-    int port, max_threads = 64, rcvbuf = 0, nw = 1;
+    int port, max_threads = 64, rcvbuf = 0, nw = 1, tls_per_record = 0;
     Py_buffer tok = {0};
     long long chunk, mem, wt = 0, wT = 0;
     PyObject *tls_obj = Py_None;
@@ -82,8 +83,9 @@ static int Receiver_init(amdt_py_engine *self, PyObject *args, PyObject *kwds)
 
     if (amdt_py_init_once(self) != 0)
         return -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLiiO", kwlist, &host, &port, &tok,
-                                     &chunk, &mem, &max_threads, &wt, &wT, &rcvbuf, &nw, &tls_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLiiOp", kwlist, &host, &port, &tok,
+                                     &chunk, &mem, &max_threads, &wt, &wT, &rcvbuf, &nw, &tls_obj,
+                                     &tls_per_record))
         return -1;
     if (amdt_py_check_engine_args(&tok, chunk, mem, tls_obj, tls_key, &key) != 0 ||
         amdt_py_check_nonneg(wt, "write_thread_bps") != 0 ||
@@ -106,6 +108,7 @@ static int Receiver_init(amdt_py_engine *self, PyObject *args, PyObject *kwds)
         .rcvbuf = rcvbuf,
         .write_threads = nw,
         .tls_key = key,
+        .tls_per_record = tls_per_record,
     };
     int rc = amdt_py_start(self, &cfg);
     PyBuffer_Release(&tok);

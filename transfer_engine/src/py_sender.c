@@ -54,26 +54,14 @@ static PyObject *Sender_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 
 static int Sender_init(amdt_py_engine *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"host",
-                             "port",
-                             "token",
-                             "chunk_size",
-                             "memory_bytes",
-                             "max_threads",
-                             "read_thread_bps",
-                             "read_total_bps",
-                             "net_thread_bps",
-                             "net_total_bps",
-                             "sndbuf",
-                             "fault_corrupt",
-                             "read_threads",
-                             "net_threads",
-                             "tls_key",
-                             "zerocopy",
-                             "local",
-                             NULL};
+    static char *kwlist[] = {"host",           "port",          "token",           "chunk_size",
+                             "memory_bytes",   "max_threads",   "read_thread_bps", "read_total_bps",
+                             "net_thread_bps", "net_total_bps", "sndbuf",          "fault_corrupt",
+                             "read_threads",   "net_threads",   "tls_key",         "zerocopy",
+                             "local",          "files_at_once", "tls_per_record",  NULL};
     const char *host;
     int port, max_threads = 64, sndbuf = 0, fault = 0, nr = 1, nn = 1, zerocopy = 1;
+    int files_at_once = 0, tls_per_record = 0;
     Py_buffer tok = {0};
     long long chunk, mem, rt = 0, rT = 0, nt = 0, nT = 0;
     PyObject *tls_obj = Py_None, *local_obj = Py_None;
@@ -83,16 +71,18 @@ static int Sender_init(amdt_py_engine *self, PyObject *args, PyObject *kwds)
 
     if (amdt_py_init_once(self) != 0)
         return -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLLLiiiiOpO", kwlist, &host, &port, &tok,
-                                     &chunk, &mem, &max_threads, &rt, &rT, &nt, &nT, &sndbuf,
-                                     &fault, &nr, &nn, &tls_obj, &zerocopy, &local_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLLLiiiiOpOip", kwlist, &host, &port,
+                                     &tok, &chunk, &mem, &max_threads, &rt, &rT, &nt, &nT, &sndbuf,
+                                     &fault, &nr, &nn, &tls_obj, &zerocopy, &local_obj,
+                                     &files_at_once, &tls_per_record))
         return -1;
     if (amdt_py_check_engine_args(&tok, chunk, mem, tls_obj, tls_key, &key) != 0 ||
         amdt_py_check_nonneg(rt, "read_thread_bps") != 0 ||
         amdt_py_check_nonneg(rT, "read_total_bps") != 0 ||
         amdt_py_check_nonneg(nt, "net_thread_bps") != 0 ||
         amdt_py_check_nonneg(nT, "net_total_bps") != 0 ||
-        amdt_py_check_range(port, 1, 65535, "port") != 0)
+        amdt_py_check_range(port, 1, 65535, "port") != 0 ||
+        amdt_py_check_range(files_at_once, 0, AMDT_FILES_AT_ONCE_MAX, "files_at_once") != 0)
         goto error;
     if (local_obj != Py_None && (local = amdt_py_receiver_engine(local_obj)) == NULL)
         goto error;
@@ -118,6 +108,8 @@ static int Sender_init(amdt_py_engine *self, PyObject *args, PyObject *kwds)
         .tls_key = key,
         .zerocopy = zerocopy,
         .local = local,
+        .files_at_once = files_at_once,
+        .tls_per_record = tls_per_record,
     };
     if (local != NULL)
         self->peer = Py_NewRef(local_obj); /* before the threads start: they use its engine */

@@ -79,7 +79,8 @@ amdt_receiver *amdt_receiver_new(const amdt_receiver_cfg *cfg, char *err, size_t
     r->lsock = -1;
     memcpy(r->token, cfg->token, AMDT_TOKEN_LEN);
     r->chunk_size = cfg->chunk_size;
-    if (cfg->tls_key != NULL && (r->tls = amdt_tls_new(1, cfg->tls_key, err, errlen)) == NULL)
+    if (cfg->tls_key != NULL &&
+        (r->tls = amdt_tls_new(1, cfg->tls_key, !cfg->tls_per_record, err, errlen)) == NULL)
         goto error_free;
 
     memset(&hints, 0, sizeof(hints));

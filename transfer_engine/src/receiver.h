@@ -47,6 +47,7 @@ typedef struct amdt_receiver_cfg {
     int rcvbuf;
     int write_threads;      /* started at construction */
     const uint8_t *tls_key; /* AMDT_TLS_KEY_LEN bytes: connections must speak TLS; NULL: plain */
+    int tls_per_record;     /* TLS: no read-ahead, one socket call per record (for comparisons) */
 } amdt_receiver_cfg;
 
 typedef struct amdt_receiver {

@@ -23,8 +23,6 @@
  * in the CPU cache; in zero-copy mode a piece buffer of this size is all the memory a reader
  * uses. */
 #define AMDT_PIECE (128 * 1024)
-/* At most this many files are read at the same time (amdt_pick_file_locked). */
-#define AMDT_FILES_AT_ONCE_MAX 64
 
 typedef struct amdt_ticket {
     amdt_sfile *f;
@@ -85,15 +83,11 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
     s->chunk_size = cfg->chunk_size;
     s->sndbuf = cfg->sndbuf;
     s->fault_corrupt = cfg->fault_corrupt;
-    s->files_at_once = 0; /* 0: follow the thread counts (amdt_pick_file_locked) */
-    const char *fao = getenv("AUTOMDT_FILES_AT_ONCE");
-    if (fao != NULL && atoi(fao) >= 1)
-        s->files_at_once = atoi(fao);
-    if (cfg->tls_key != NULL && (s->tls = amdt_tls_new(0, cfg->tls_key, err, errlen)) == NULL)
+    s->files_at_once = cfg->files_at_once > 0 ? cfg->files_at_once : 0; /* 0: the thread counts */
+    if (cfg->tls_key != NULL &&
+        (s->tls = amdt_tls_new(0, cfg->tls_key, !cfg->tls_per_record, err, errlen)) == NULL)
         goto error;
-    /* AUTOMDT_SENDFILE=0 forces the copy path (for comparisons). */
-    const char *force = getenv("AUTOMDT_SENDFILE");
-    s->zerocopy = cfg->zerocopy && !(force != NULL && strcmp(force, "0") == 0);
+    s->zerocopy = cfg->zerocopy;
     /* The local link hands the receiver the buffer a reader filled: chunks are staged as bytes. */
     s->local = cfg->local;
     if (s->local != NULL)
@@ -357,7 +351,7 @@ done:
 
 /* The file to read the next chunk from: round robin over the first files of the queue (in
  * add order) that have chunks left, as many as the wider of the read and network stages has
- * threads, at most AMDT_FILES_AT_ONCE_MAX (AUTOMDT_FILES_AT_ONCE=N: N), so that the chunks in
+ * threads, at most AMDT_FILES_AT_ONCE_MAX (amdt_sender_cfg.files_at_once=N: N), so that the chunks in
  * flight belong to several files and the receiver's write threads work on different files:
  * buffered writes to one file serialise on its inode lock, where a waiting writer spins (8-10%
  * of a receiver's CPU between two namespaces with 4 write threads on one file). One thread per

@@ -74,6 +74,10 @@ typedef struct amdt_sender_cfg {
                            * to host:port (plain only; chunks are staged as bytes, not
                            * references: their buffers go to the receiver). It must outlive
                            * the sender's threads (amdt_sender_close). */
+    int files_at_once;    /* files read at the same time (amdt_pick_file_locked); 0: follow the
+                           * thread counts */
+    int tls_per_record;   /* TLS: one socket call per record instead of batched records (for
+                           * comparisons); 0: batched */
 } amdt_sender_cfg;
 
 typedef struct amdt_sender {

@@ -176,7 +176,7 @@ static int amdt_psk_find(SSL *ssl, const unsigned char *id, size_t idlen, SSL_SE
     return *sess != NULL;
 }
 
-amdt_tls *amdt_tls_new(int server, const uint8_t *key, char *err, size_t errlen)
+amdt_tls *amdt_tls_new(int server, const uint8_t *key, int batch, char *err, size_t errlen)
 {
     amdt_tls *t = calloc(1, sizeof(*t));
     if (t == NULL) {
@@ -184,9 +184,7 @@ amdt_tls *amdt_tls_new(int server, const uint8_t *key, char *err, size_t errlen)
         return NULL;
     }
     t->server = server;
-    /* AUTOMDT_TLS_BATCH=0: one socket call per record, as before (for comparisons). */
-    const char *batch = getenv("AUTOMDT_TLS_BATCH");
-    t->batch = !(batch != NULL && strcmp(batch, "0") == 0);
+    t->batch = batch != 0;
     memcpy(t->key, key, AMDT_TLS_KEY_LEN);
     t->ctx = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
     if (t->ctx == NULL || !SSL_CTX_set_min_proto_version(t->ctx, TLS1_3_VERSION) ||

@@ -28,8 +28,10 @@ typedef struct amdt_link {
     void *ssl; /* SSL *, or NULL on a plain connection */
 } amdt_link;
 
-/* server: 1 on the receiver (accepting side). Returns NULL with err set on failure. */
-amdt_tls *amdt_tls_new(int server, const uint8_t *key, char *err, size_t errlen);
+/* server: 1 on the receiver (accepting side); batch: records go out through one buffer per
+ * connection (sender) or are read ahead (receiver), 0: one socket call per record (for
+ * comparisons). Returns NULL with err set on failure. */
+amdt_tls *amdt_tls_new(int server, const uint8_t *key, int batch, char *err, size_t errlen);
 void amdt_tls_free(amdt_tls *t);
 
 /* Start TLS on a connected socket (with SO_RCVTIMEO and SO_SNDTIMEO set). Retries while
