@@ -57,7 +57,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_engine import (PROCS, automdt_argv, destination, fresh_dir, gbit, median, room_for,  # noqa: E402
                           run_timed, say, timeout_for, wait_port, free_port)
-from netns import NetnsPair, netns_available, reap_stale  # noqa: E402
+from automdt.experiments.netns import NetnsPair, netns_available, reap_stale  # noqa: E402
 from profile_engine import generate, proc_cpu  # noqa: E402
 
 MiB = 1 << 20

@@ -40,7 +40,6 @@ import pwd
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -49,7 +48,8 @@ from itertools import zip_longest
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from netns import NetnsPair, netns_available, rate_bits, reap_stale  # noqa: E402
+from automdt.experiments.metrics import median  # noqa: E402,F401  (bench_datapath imports it from here)
+from automdt.experiments.netns import NetnsPair, netns_available, rate_bits, reap_stale  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -83,10 +83,6 @@ def say(msg: str = "") -> None:
 
 def gbit(nbytes: float, seconds: float) -> float:
     return nbytes * 8 / seconds / 1e9 if seconds > 0 else 0.0
-
-
-def median(xs: Sequence[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
 
 
 def fmt_size(n: int) -> str:

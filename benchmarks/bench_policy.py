@@ -54,7 +54,6 @@ import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -64,6 +63,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_engine as be  # noqa: E402  (helpers: processes, timed runs, GridFTP on loopback)
 import policy_sections as ps  # noqa: E402  (issue 10 part B's sections)
+
+from automdt.experiments.metrics import median  # noqa: E402
 
 MB = 1_000_000
 SHM = "/dev/shm"
@@ -141,10 +142,6 @@ def run_timed(argv: Sequence[str], timeout: float, scratch: str, env: Dict[str, 
     finally:
         os.environ.clear()
         os.environ.update(old)
-
-
-def median(xs: Sequence[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
 
 
 def interleaved(ctx: Ctx, contenders: List[Tuple[str, Callable[[], float]]]) -> Dict[str, List[float]]:

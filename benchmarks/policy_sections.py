@@ -29,11 +29,12 @@ import csv
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Sequence, Tuple
+
+from automdt.experiments.metrics import median
 
 MB = 1_000_000
 MiB = 1 << 20
@@ -41,10 +42,6 @@ MiB = 1 << 20
 
 def say(msg: str = "") -> None:
     print(msg, flush=True)
-
-
-def _median(xs: Sequence[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
 
 
 def _read_log(path: str) -> List[Dict[str, Any]]:
@@ -130,9 +127,9 @@ def section_sustained(ctx: Any) -> Dict[str, Any]:
     say(f"  {'path/policy':26s} {'wall s':>7s} {'sustained (min)':>16s} {'dip':>4s} {'ramp':>5s}  settled")
     ok = True
     for key, ms in runs.items():
-        s = {"wall_s": _median([m["wall_s"] for m in ms]), "sustained_median": _median([m["sustained"] for m in ms]),
+        s = {"wall_s": median([m["wall_s"] for m in ms]), "sustained_median": median([m["sustained"] for m in ms]),
              "sustained_min": min(m["sustained"] for m in ms), "longest_dip": max(m["longest_dip"] for m in ms),
-             "ramp_median": _median([m["ramp_intervals"] or 99 for m in ms]),
+             "ramp_median": median([m["ramp_intervals"] or 99 for m in ms]),
              "settled": [m["settled"] for m in ms], "runs": ms}
         out["paths"][key] = s
         if key.endswith("/default"):
@@ -200,7 +197,7 @@ def section_ramp(ctx: Any) -> Dict[str, Any]:
         met = True
         for name, ms in out[kind].items():
             ramps = [m["ramp_intervals"] or 99 for m in ms]
-            med = _median(ramps)
+            med = median(ramps)
             met &= med <= target
             summary[f"{kind}/{name}"] = {"ramp_median": med, "ramps": ramps}
             say(f"    {name:14s} median {med:.0f}  ({', '.join(str(x) for x in ramps)})")
@@ -240,10 +237,10 @@ def section_completion(ctx: Any) -> Dict[str, Any]:
     ok = True
     out: Dict[str, Any] = {"reps": reps, "runs": {}}
     for key, rs in ratios.items():
-        med = _median(rs)
+        med = median(rs)
         ok &= med >= 1.3
         out["runs"][key] = {"ppo_s": times[key]["ppo"], "marlin_s": times[key]["marlin"], "ratio_median": med}
-        say(f"  {key:24s} {_median(times[key]['ppo']):7.2f} {_median(times[key]['marlin']):9.2f} {med:11.2f}  "
+        say(f"  {key:24s} {median(times[key]['ppo']):7.2f} {median(times[key]['marlin']):9.2f} {med:11.2f}  "
             f"({', '.join(f'{x:.2f}' for x in rs)})")
     out["target_met"] = bool(ok and ratios)
     say(f"  target: Marlin/PPO completion time >= 1.3 everywhere: {'met' if out['target_met'] else 'NOT met'}")

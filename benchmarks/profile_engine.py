@@ -5,7 +5,7 @@ One profiled run of the CLI (after one untimed warm-up), tmpfs to tmpfs, in one 
   local   `automdt transfer SRC DSTDIR` (receiver in the same process, the local link;
           --extra='--switch=local_link=0': loopback TCP)
   netns   `automdt receive` in namespace B, `automdt transfer SRC 10.77.0.2:PORT` in namespace A,
-          over a veth pair without a rate limit (benchmarks/netns.py)
+          over a veth pair without a rate limit (automdt.experiments.netns)
   gridftp the peer measured the same way between the same namespaces: `globus-url-copy -fast
           -cc 4 -p 4` in A to `globus-gridftp-server` in B (client and server profiled apart)
 
@@ -44,7 +44,7 @@ from collections import Counter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from netns import NetnsPair, netns_available  # noqa: E402
+from automdt.experiments.netns import NetnsPair, netns_available  # noqa: E402
 
 MiB = 1 << 20
 DATASETS = {"large": (8, 256 * MiB), "small": (2000, MiB), "tiny": (20000, 64 << 10)}

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from automdt.experiments import metrics as M
 from automdt.experiments import plots
-from automdt.experiments.netns import netns_available
+from automdt.experiments.netns import NetnsPair, netns_available
 from automdt.experiments.runner import RunDir, Scratch, git_info, ppo_default_info
 from automdt.experiments.scenarios import MB, large_dataset
 
@@ -47,70 +47,12 @@ def _sh(*cmd: str, check: bool = True, timeout: float = 20.0) -> subprocess.Comp
     return subprocess.run(list(cmd), capture_output=True, text=True, check=check, timeout=timeout)
 
 
-class SharedLink:
-    """Two namespaces joined by a veth pair with a tbf rate limit on the sender side (a context manager).
-
-    :param rate_bps: link rate in bytes/s.
-    :param prefix: name prefix of the namespaces and interfaces (made unique with the pid).
-    """
-
-    def __init__(self, rate_bps: float, prefix: str = "amdtfair") -> None:
-        tag = f"{os.getpid() % 100000}"
-        self.snd = f"{prefix}{tag}s"
-        self.rcv = f"{prefix}{tag}r"
-        self.if_snd = f"af{tag}s"[:15]
-        self.if_rcv = f"af{tag}r"[:15]
-        octet = 16 + os.getpid() % 200
-        self.ip_snd = f"10.213.{octet}.1"
-        self.ip_rcv = f"10.213.{octet}.2"
-        self.rate_bps = float(rate_bps)
-        self.created: List[str] = []
-
-    def __enter__(self) -> "SharedLink":
-        try:
-            self.setup()
-        except BaseException:
-            self.teardown()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.teardown()
-
-    def setup(self) -> None:
-        self.setup_veth()
-        rate_bit = int(self.rate_bps * 8)
-        # burst: ~4 ms at the link rate (at least 64 KiB); queue: 20 ms of the rate.
-        burst = max(64 * 1024, int(self.rate_bps * 0.004))
-        _sh("ip", "netns", "exec", self.snd, "tc", "qdisc", "add", "dev", self.if_snd, "root", "tbf",
-            "rate", f"{rate_bit}bit", "burst", str(burst), "latency", "20ms")
-
-    def setup_veth(self) -> None:
-        """The two namespaces, the veth pair and its addresses, without a qdisc."""
-        for ns in (self.snd, self.rcv):
-            _sh("ip", "netns", "add", ns)
-            self.created.append(ns)
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        _sh("ip", "link", "add", self.if_snd, "netns", self.snd, "type", "veth", "peer", "name", self.if_rcv,
-            "netns", self.rcv)
-        _sh("ip", "-n", self.snd, "addr", "add", f"{self.ip_snd}/30", "dev", self.if_snd)
-        _sh("ip", "-n", self.rcv, "addr", "add", f"{self.ip_rcv}/30", "dev", self.if_rcv)
-        _sh("ip", "-n", self.snd, "link", "set", self.if_snd, "up")
-        _sh("ip", "-n", self.rcv, "link", "set", self.if_rcv, "up")
-
-    def teardown(self) -> None:
-        for ns in reversed(self.created):
-            _sh("ip", "netns", "del", ns, check=False)
-        self.created.clear()
-
-    def qdisc(self) -> str:
-        return _sh("ip", "netns", "exec", self.snd, "tc", "-s", "qdisc", "show", "dev", self.if_snd,
-                   check=False).stdout
-
-    def describe(self) -> Dict[str, Any]:
-        return {"namespaces": [self.snd, self.rcv], "veth": [self.if_snd, self.if_rcv],
-                "addresses": [self.ip_snd, self.ip_rcv], "tbf_rate_bps": self.rate_bps,
-                "tbf_rate_bit": int(self.rate_bps * 8)}
+def shared_link(rate_bps: float, prefix: str = "amdtfair", qdisc: str = "tbf") -> NetnsPair:
+    """The shared bottleneck: two namespaces (A sends, B receives) joined by a veth pair with a
+    ``qdisc`` rate limit of ``rate_bps`` bytes/s on A's egress (not opened yet; a context manager)."""
+    octet = 16 + os.getpid() % 200
+    return NetnsPair(rate=rate_bps, qdisc=qdisc, prefix=prefix, addr_a=f"10.213.{octet}.1",
+                     addr_b=f"10.213.{octet}.2", both_ways=False, burst_min=64 * 1024)
 
 
 def _popen(args: Sequence[str], log: str) -> subprocess.Popen:
@@ -139,15 +81,15 @@ def _stop(p: Optional[subprocess.Popen], timeout: float = 10.0) -> None:
         p.wait(5)
 
 
-def run_pair(link: SharedLink, policy: str, src: str, root: str, workdir: str, secret_file: str, *,
+def run_pair(link: NetnsPair, policy: str, src: str, root: str, workdir: str, secret_file: str, *,
              window_s: float, join_s: float, memory: int, chunk_size: int, interval_s: float, max_threads: int,
              fast_read_bps: float, slow_read_bps: float, write_bps: float) -> Dict[str, Any]:
     """One receiver and two senders with ``policy``; returns both transfers' records."""
     py = sys.executable
     recv_root = os.path.join(root, f"recv-{policy.replace(':', '_')}")
     os.makedirs(recv_root, exist_ok=True)
-    recv = _popen(["ip", "netns", "exec", link.rcv, py, "-m", "automdt", "receive", "--listen",
-                   f"{link.ip_rcv}:{PORT}", "--root", recv_root, "--secret-file", secret_file,
+    recv = _popen(["ip", "netns", "exec", link.ns_b, py, "-m", "automdt", "receive", "--listen",
+                   f"{link.addr_b}:{PORT}", "--root", recv_root, "--secret-file", secret_file,
                    "--idle-timeout", str(int(window_s + 60))], os.path.join(workdir, f"receiver-{policy}.log"))
     senders: List[subprocess.Popen] = []
     try:
@@ -155,7 +97,7 @@ def run_pair(link: SharedLink, policy: str, src: str, root: str, workdir: str, s
         transfers = []
         for i, (read_bps, start) in enumerate(((fast_read_bps, 0.0), (slow_read_bps, join_s)), 1):
             cfg = {
-                "src": src, "dest": f"{link.ip_rcv}:{PORT}/t{i}", "policy": policy, "secret_file": secret_file,
+                "src": src, "dest": f"{link.addr_b}:{PORT}/t{i}", "policy": policy, "secret_file": secret_file,
                 "max_duration_s": window_s - start, "memory": memory, "chunk_size": chunk_size,
                 "interval_s": interval_s, "max_threads": max_threads,
                 "throttle": {"read": [read_bps, 0], "net": [0, 0], "write": [write_bps, 0]},
@@ -170,7 +112,7 @@ def run_pair(link: SharedLink, policy: str, src: str, root: str, workdir: str, s
             delay = t0 + start - time.time()
             if delay > 0:
                 time.sleep(delay)
-            senders.append(_popen(["ip", "netns", "exec", link.snd, py, "-m", "automdt.experiments.sender_proc",
+            senders.append(_popen(["ip", "netns", "exec", link.ns_a, py, "-m", "automdt.experiments.sender_proc",
                                    cfg_path, out], out + ".log"))
         deadline = t0 + window_s + 60.0
         for p in senders:
@@ -195,7 +137,7 @@ def run_pair(link: SharedLink, policy: str, src: str, root: str, workdir: str, s
             result["transfers"].append({"name": name, "start_s": start, "config": cfg, "rows": rows,
                                         "summary": data.get("summary", {}), "error": data.get("error"),
                                         "exit": p.returncode})
-        result["qdisc"] = link.qdisc()
+        result["qdisc"] = link.qdisc_show()
         return result
     finally:
         for p in senders:
@@ -204,15 +146,15 @@ def run_pair(link: SharedLink, policy: str, src: str, root: str, workdir: str, s
         shutil.rmtree(recv_root, ignore_errors=True)
 
 
-def _wait_listening(link: SharedLink, port: int, proc: subprocess.Popen, timeout: float) -> None:
+def _wait_listening(link: NetnsPair, port: int, proc: subprocess.Popen, timeout: float) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"receiver exited early ({proc.returncode})")
-        out = _sh("ip", "netns", "exec", link.rcv, "ss", "-Hltn", check=False).stdout
+        out = _sh("ip", "netns", "exec", link.ns_b, "ss", "-Hltn", check=False).stdout
         if f":{port} " in out or f":{port}\n" in out or out.rstrip().endswith(f":{port}"):
             return
-        if f"{link.ip_rcv}:{port}" in out:
+        if f"{link.addr_b}:{port}" in out:
             return
         time.sleep(0.2)
     raise RuntimeError("receiver did not start listening")
@@ -295,7 +237,7 @@ def run_fairness(st: Any) -> Any:
         with open(secret, "w") as f:
             f.write(os.urandom(32).hex())
         os.chmod(secret, 0o600)
-        with SharedLink(link_bps) as link:
+        with shared_link(link_bps) as link:
             cfg["link"] = link.describe()
             rd.write_config(cfg)
             for pol in labels:
@@ -306,7 +248,7 @@ def run_fairness(st: Any) -> Any:
                 m = pair_metrics(pair, join, settle, window, link_bps)
                 pairs.append(pair)
                 mets.append(m)
-                st.log(f"  {pol:8s} T1 {_mbs(m['mean_bps'][0])} MB/s, T2 {_mbs(m['mean_bps'][1])} MB/s, "
+                st.log(f"  {pol:8s} T1 {M.mb(m['mean_bps'][0])} MB/s, T2 {M.mb(m['mean_bps'][1])} MB/s, "
                        f"share T1 {M.fmt(m['share_t1'], 2)}, Jain {M.fmt(m['jain'], 3)}"
                        + (f"  errors: {m['errors']}" if m["errors"] else ""))
         shutil.rmtree(workdir, ignore_errors=True)
@@ -342,7 +284,7 @@ def run_fairness(st: Any) -> Any:
     tr = []
     for m in mets:
         th = m["threads"]
-        tr.append([m["policy"], _mbs(m["t1_alone_bps"]), _mbs(m["mean_bps"][0]), _mbs(m["mean_bps"][1]),
+        tr.append([m["policy"], M.mb(m["t1_alone_bps"]), M.mb(m["mean_bps"][0]), M.mb(m["mean_bps"][1]),
                    M.fmt(m["share_t1"], 2), M.fmt(m["jain"], 3), M.fmt(100 * (m["utilisation"] or 0), 0) + "%",
                    f"{M.fmt(th[0]['net_mean'], 1)} / {M.fmt(th[1]['net_mean'], 1)}",
                    f"{M.fmt(th[0]['read_mean'], 1)} / {M.fmt(th[1]['read_mean'], 1)}",
@@ -356,7 +298,3 @@ def run_fairness(st: Any) -> Any:
     rd.write_text("results.md", "\n".join(lines))
     st.log(f"[fairness] wrote {rd.path}/results.md")
     return Experiment("fairness", rd.path, [], skipped, {"pairs": mets})
-
-
-def _mbs(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x / MB:.1f}"

@@ -21,6 +21,7 @@ Definitions used in every table:
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -134,6 +135,16 @@ def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     except TypeError:
         return None
     return float(a) / float(b)
+
+
+def median(xs: Sequence[float]) -> float:
+    """The median of ``xs``; NaN for none (a benchmark row whose runs all failed)."""
+    return statistics.median(xs) if len(xs) else float("nan")
+
+
+def mb(x: Optional[float]) -> str:
+    """Bytes/s (or bytes) as MB (10^6) with one decimal; ``-`` for None."""
+    return "-" if x is None else f"{x / 1e6:.1f}"
 
 
 def fmt(x: Any, digits: int = 2, unit: str = "") -> str:

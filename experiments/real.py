@@ -519,9 +519,9 @@ def write_real_results(st: Any, rd: RunDir, names: Sequence[str], labels: Sequen
         rows = []
         for r in runs:
             m = r.metrics
-            rows.append([r.policy, _mb(m.get("active_delivered_bps")), M.fmt(_frac(r, ref), 2),
-                         _mb(m.get("mean_delivered_bps")),
-                         _mb(m.get("second_half_delivered_bps")), M.fmt(m.get("conv_s"), 1),
+            rows.append([r.policy, M.mb(m.get("active_delivered_bps")), M.fmt(_frac(r, ref), 2),
+                         M.mb(m.get("mean_delivered_bps")),
+                         M.mb(m.get("second_half_delivered_bps")), M.fmt(m.get("conv_s"), 1),
                          ",".join(M.fmt(m.get(f"after_median_{s}"), 0) for s in STAGES),
                          ",".join(M.fmt(m.get(f"mean_threads_{s}"), 1) for s in STAGES),
                          M.fmt(r.extra.get("cpu_pct_both_ends"), 0), M.fmt(r.extra.get("forwarder_cpu_s"), 1)])
@@ -560,7 +560,7 @@ def write_real_results(st: Any, rd: RunDir, names: Sequence[str], labels: Sequen
               "throughput against the measured one.", ""]
     if s2r:
         head = ["scenario", "policy", "sim MB/s", "real MB/s", "sim / real", "within 10%", "sim settles at"]
-        rws = [[d["scenario"], d["policy"], _mb(d.get("sim_bps")), _mb(d.get("real_bps")), M.fmt(d.get("ratio"), 2),
+        rws = [[d["scenario"], d["policy"], M.mb(d.get("sim_bps")), M.mb(d.get("real_bps")), M.fmt(d.get("ratio"), 2),
                 M.fmt(d.get("within_10pct")), str(tuple(d.get("sim_settled") or ())) if d.get("sim_settled") else
                 d.get("error", "-")] for d in s2r]
         lines += [M.md_table(head, rws), ""]
@@ -615,7 +615,3 @@ def _sim_plot(rd: RunDir, s2r: Sequence[Dict[str, Any]]) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(rd.file("real-sim-vs-real.png"), dpi=90)
-
-
-def _mb(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x / MB:.1f}"

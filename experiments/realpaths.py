@@ -45,8 +45,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from automdt.experiments.fairness import SharedLink, _sh
-from automdt.experiments.netns import netns_available
+from automdt.experiments.fairness import shared_link
+from automdt.experiments.netns import NetnsPair, netns_available
 from automdt.experiments.scenarios import MB, Dataset, large_dataset
 
 PREFIX = "amdt-i13-"
@@ -136,36 +136,10 @@ def real_scenarios(quick: bool = False) -> Dict[str, RealScenario]:
 # ---------------------------------------------------------------------------------------------
 # resources
 # ---------------------------------------------------------------------------------------------
-class NetLink(SharedLink):
-    """:class:`~automdt.experiments.fairness.SharedLink` with a changeable rate and a choice of qdisc."""
-
-    def __init__(self, rate_bps: float, qdisc: str = "tbf") -> None:
-        super().__init__(rate_bps, prefix=f"{PREFIX}{uuid.uuid4().hex[:3]}")
-        self.qdisc_kind = qdisc
-
-    def setup(self) -> None:
-        if self.qdisc_kind == "tbf":
-            return super().setup()
-        self.setup_veth()
-        rate = self.rate_bps
-        burst = max(64 * 1024, int(rate * 0.004))
-        tc = ["ip", "netns", "exec", self.snd, "tc"]
-        _sh(*tc, "qdisc", "add", "dev", self.if_snd, "root", "handle", "1:", "htb", "default", "10")
-        _sh(*tc, "class", "add", "dev", self.if_snd, "parent", "1:", "classid", "1:10", "htb", "rate",
-            f"{int(rate * 8)}bit", "ceil", f"{int(rate * 8)}bit", "burst", str(burst), "cburst", str(burst))
-
-    def set_rate(self, rate_bps: float) -> None:
-        """Change the link rate now (``tc qdisc change`` / ``tc class change``)."""
-        bits = f"{int(rate_bps * 8)}bit"
-        burst = str(max(64 * 1024, int(rate_bps * 0.004)))
-        tc = ["ip", "netns", "exec", self.snd, "tc"]
-        if self.qdisc_kind == "tbf":
-            _sh(*tc, "qdisc", "change", "dev", self.if_snd, "root", "tbf", "rate", bits, "burst", burst,
-                "latency", "20ms")
-        else:
-            _sh(*tc, "class", "change", "dev", self.if_snd, "parent", "1:", "classid", "1:10", "htb", "rate", bits,
-                "ceil", bits, "burst", burst, "cburst", burst)
-        self.rate_bps = float(rate_bps)
+def net_link(rate_bps: float, qdisc: str = "tbf") -> NetnsPair:
+    """A ``net`` path's link: :func:`~automdt.experiments.fairness.shared_link` with a choice of
+    qdisc; :meth:`~automdt.experiments.netns.NetnsPair.set_rate` changes its rate at run time."""
+    return shared_link(rate_bps, prefix=f"{PREFIX}{uuid.uuid4().hex[:3]}", qdisc=qdisc)
 
 
 class CpuCgroup:
@@ -298,7 +272,7 @@ class PathSession:
         self.log = log
         base = data_root or ("/var/tmp" if scenario.on_disk else _shm_or_tmp())
         self.root = tempfile.mkdtemp(prefix=f"{PREFIX}{scenario.name}-", dir=base)
-        self.link: Optional[NetLink] = None
+        self.link: Optional[NetnsPair] = None
         self.cgroup: Optional[CpuCgroup] = None
         self.receiver: Optional[subprocess.Popen] = None
         self.dataset: Optional[Dataset] = None
@@ -330,9 +304,9 @@ class PathSession:
             f.write(os.urandom(32).hex())
         os.chmod(self.secret, 0o600)
         if sc.kind == "net":
-            self.link = NetLink(sc.link_bps, sc.qdisc)
+            self.link = net_link(sc.link_bps, sc.qdisc)
             self.link.__enter__()
-            host, port = self.link.ip_rcv, RECEIVER_PORT
+            host, port = self.link.addr_b, RECEIVER_PORT
         else:
             host, port = "127.0.0.1", _free_port()
         if sc.kind == "cpu":
@@ -341,7 +315,7 @@ class PathSession:
         argv = [sys.executable, "-m", "automdt", "receive", "--listen", self.dest, "--root", self.recv_root,
                 "--secret-file", self.secret, "--idle-timeout", "600", "--max-threads", str(max(64, sc.max_threads))]
         if self.link is not None:
-            argv = ["ip", "netns", "exec", self.link.rcv] + argv
+            argv = ["ip", "netns", "exec", self.link.ns_b] + argv
         self._rlog = open(os.path.join(self.workdir, "receiver.log"), "ab")
         self.receiver = subprocess.Popen(argv, stdout=self._rlog, stderr=subprocess.STDOUT, start_new_session=True)
         if self.cgroup is not None:
@@ -375,7 +349,7 @@ class PathSession:
             self.cgroup.close()
             self.cgroup = None
         if self.link is not None:
-            self.link.teardown()
+            self.link.close()
             self.link = None
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -383,7 +357,7 @@ class PathSession:
         d: Dict[str, Any] = {"scenario": self.sc.to_dict(), "root": self.root, "receiver": self.dest,
                              "dataset": self.dataset.to_dict() if self.dataset else None}
         if self.link is not None:
-            d["link"] = self.link.describe() | {"qdisc": self.sc.qdisc}
+            d["link"] = self.link.describe()
         if self.cgroup is not None:
             d["cgroup"] = {"path": self.cgroup.path, "quota_us": int(self.sc.cpu_cores * CpuCgroup.PERIOD_US),
                            "period_us": CpuCgroup.PERIOD_US}
@@ -430,7 +404,7 @@ class PathSession:
             json.dump(cfg, f)
         argv = [sys.executable, "-m", "automdt.experiments.sender_proc", cfg_path, out_path]
         if self.link is not None:
-            argv = ["ip", "netns", "exec", self.link.snd] + argv
+            argv = ["ip", "netns", "exec", self.link.ns_a] + argv
         logf = open(out_path + ".log", "ab")
         try:
             p = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)

@@ -218,10 +218,6 @@ def _header(title: str, rd: RunDir, st: Settings, scenarios: Sequence[Scenario],
     return lines
 
 
-def _mb(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x / MB:.1f}"
-
-
 def _own_policies(st: Settings, scenarios: Sequence[Scenario], scratch: Scratch, rd: RunDir,
                   skipped: Dict[str, str]) -> Dict[str, str]:
     """For ``ppo-own``: explore each scenario, train a policy on the fitted profile, return paths.
@@ -489,7 +485,7 @@ def _write_timeseries_experiment(name: str, st: Settings, rd: RunDir, scenarios:
         rows = []
         for r in runs:
             m = r.metrics
-            rows.append([r.policy, _mb(m.get("mean_delivered_bps")), M.fmt(100 * (m.get("mean_delivered_frac") or 0), 0),
+            rows.append([r.policy, M.mb(m.get("mean_delivered_bps")), M.fmt(100 * (m.get("mean_delivered_frac") or 0), 0),
                          _conv_cell(r, sc.achievable_bps), _triple_cell(r, sc.achievable_bps),
                          M.fmt(m.get("mean_total_threads"), 1),
                          ",".join(M.fmt(m.get(f"after_std_{s}"), 1) for s in ("read", "net", "write")),
@@ -656,7 +652,7 @@ def _write_completion(st: Settings, rd: RunDir, scenarios: Sequence[Scenario], l
                 if r is None:
                     continue
                 secs_r = r.summary["seconds"]
-                rows.append([sc.name, d["kind"], lab, M.fmt(secs_r, 2), _mb(d["total"] / secs_r if secs_r else None),
+                rows.append([sc.name, d["kind"], lab, M.fmt(secs_r, 2), M.mb(d["total"] / secs_r if secs_r else None),
                              M.fmt(secs_r / ideal, 2),
                              ",".join(M.fmt(r.metrics.get(f"mean_threads_{s}"), 1) for s in ("read", "net", "write")),
                              M.fmt(r.metrics.get("mean_total_threads"), 1), r.completed])
@@ -779,7 +775,7 @@ def _write_cost(st: Settings, rd: RunDir, scenarios: Sequence[Scenario], labels:
             pp["threads"].append(r.metrics.get("mean_total_threads") or 0.0)
             if gb > 0:
                 pp["cpu_s_per_gb"].append(r.cpu_s / gb)
-            rows.append([sc.name, lab, _mb(r.metrics.get("mean_delivered_bps")), M.fmt(cpu_pct, 0),
+            rows.append([sc.name, lab, M.mb(r.metrics.get("mean_delivered_bps")), M.fmt(cpu_pct, 0),
                          M.fmt(r.cpu_s / gb if gb > 0 else None, 1),
                          ",".join(M.fmt(r.metrics.get(f"mean_threads_{s}"), 1) for s in ("read", "net", "write")),
                          M.fmt(r.metrics.get("mean_total_threads"), 1), M.fmt(tsec / gb if gb > 0 else None, 0)])

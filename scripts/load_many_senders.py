@@ -86,15 +86,15 @@ def rss(pid: int) -> int:
 
 class Net:
     """Loopback, or (root and a rate) two namespaces joined by a tbf-limited veth (the fairness
-    experiment's :class:`automdt.experiments.fairness.SharedLink`)."""
+    experiment's :func:`automdt.experiments.fairness.shared_link`)."""
 
     def __init__(self, rate_mbps: float):
-        from automdt.experiments.fairness import SharedLink
+        from automdt.experiments.fairness import shared_link
         from automdt.experiments.netns import netns_available
 
         self.use_ns = rate_mbps > 0 and netns_available()[0]
-        self.link = SharedLink(rate_mbps * 1e6, prefix="amdt-i14-ld") if self.use_ns else None
-        self.ip_r = self.link.ip_rcv if self.use_ns else "127.0.0.1"
+        self.link = shared_link(rate_mbps * 1e6, prefix="amdt-i14-ld") if self.use_ns else None
+        self.ip_r = self.link.addr_b if self.use_ns else "127.0.0.1"
 
     def __enter__(self):
         if self.link is not None:
@@ -107,7 +107,7 @@ class Net:
 
     def wrap(self, side: str, cmd):
         """``cmd`` run in the sender (``snd``) or receiver (``rcv``) namespace."""
-        return ["ip", "netns", "exec", getattr(self.link, side)] + cmd if self.use_ns else cmd
+        return self.link.exec_argv({"snd": "a", "rcv": "b"}[side], cmd) if self.use_ns else cmd
 
 
 def scrape(net: Net, port: int) -> dict:

@@ -12,7 +12,7 @@ import pytest
 from automdt.experiments.changing import (change_metrics, changing_scenarios, schedule_scenario, throttle_achievable,
                                           time_to_fraction)
 from automdt.experiments.real import minimal_triple, triple_throughputs
-from automdt.experiments.realpaths import CpuCgroup, NetLink
+from automdt.experiments.realpaths import CpuCgroup, net_link
 from automdt.experiments.runner import read_csv
 
 MB = 1e6
@@ -94,11 +94,11 @@ def test_cpu_cgroup_sets_the_quota_and_is_removed():
 
 @pytest.mark.skipif(not ROOT, reason="needs root (network namespaces, veth, tc)")
 def test_netlink_rate_changes_at_runtime_and_the_namespaces_go_away():
-    with NetLink(40 * MB) as link:
-        assert "rate 320Mbit" in link.qdisc()
+    with net_link(40 * MB) as link:
+        assert "rate 320Mbit" in link.qdisc_show()
         link.set_rate(20 * MB)
-        assert "rate 160Mbit" in link.qdisc()
-        names = (link.snd, link.rcv)
+        assert "rate 160Mbit" in link.qdisc_show()
+        names = (link.ns_a, link.ns_b)
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(n in listed.split() for n in names)
 
