@@ -311,7 +311,7 @@ static PyMethodDef Sender_methods[] = {
 static PyGetSetDef Sender_getset[] = {
     AMDT_PY_ENGINE_GETSET,
     {"zerocopy", (getter)Sender_get_zerocopy, NULL,
-     "True when payloads go out with sendfile() (plain connections, not AUTOMDT_SENDFILE=0)", NULL},
+     "True when payloads go out with sendfile() (plain, zerocopy, switch sendfile on)", NULL},
     {"local", (getter)Sender_get_local, NULL,
      "True when chunks go to a Receiver of this process over the local link", NULL},
     {NULL, NULL, NULL, NULL, NULL},
