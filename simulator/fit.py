@@ -43,8 +43,25 @@ sees achieved throughputs, which are capped by the bottleneck). The capacity poi
    achieved (``moved / (n * interval)``); ``bandwidth_bound_bps`` = the highest capacity or
    achieved throughput seen; ``B = max(bound, max_threads * TPT)``. So that the simulator keeps
    the measured bottleneck, such a stage's capacity at ``max_threads`` is raised to at least 1.25x
-   the weakest measured stage's (``raised_above_bottleneck``). Only a stage that moved no bytes
-   at all raises :class:`ProfileError`. Lower-bound stages have spreads 0 and no residuals.
+   the weakest stage seen limiting the path (step 7; ``raised_above_bottleneck``). Only a stage
+   that moved no bytes at all raises :class:`ProfileError`. Lower-bound stages have spreads 0 and
+   no residuals.
+7. The fit is judged against what the exploration delivered (:func:`judge_evidence`). An
+   interval's *delivered* rate is what the write stage moved; its rate *through* the path is the
+   least of the three stages' throughputs (a buffer filling or draining raises one stage's
+   throughput, never all three). A stage counts as *seen limiting the path* only when its peak
+   capacity was measured (its plateau, step 3, or ``max_threads`` times a measured TPT below a
+   plateau never reached) and lies within the margin of what the path did: at most the highest
+   delivered rate, at least the median rate through the path at its ceiling (the rates within
+   :data:`CEILING_FRACTION` of the top-k of step 1).
+   A measured value outside that band is marked ``not_seen_limiting`` and its bandwidth becomes
+   a lower bound: above the band the path never went that fast, below it the path went faster
+   than the stage could. If no stage was seen limiting, every stage's bandwidth is set to the
+   highest delivered rate, so the profile never promises more than the exploration delivered
+   (``capped_to_end_to_end``); ``meta["fit"]["evidence"]`` keeps what the fit promised before
+   (``promised_bps``), and :func:`weak_fit_reasons` calls such a fit weak. The margin is one
+   chunk per interval (the resolution of a byte count) plus :data:`EVIDENCE_SIGMAS` standard
+   deviations of the rates through the path at its ceiling.
 
 Bytes count when a chunk completes, busy time as it passes. A thread that started in the interval
 has a chunk in progress at its end that it was busy on but whose bytes count in the next
@@ -62,6 +79,7 @@ use the bytes as counted.
 from __future__ import annotations
 
 import math
+from dataclasses import replace as _replace_stage
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -69,9 +87,12 @@ import numpy as np
 from automdt.simulator.dynamics import run_interval
 from automdt.simulator.profile import STAGES, Profile, ProfileError, StageProfile, capacity_array
 
-__all__ = ["fit_profile", "fit_contention", "synthetic_samples", "stage_confidence", "weak_fit_reasons", "MIN_FIT_SAMPLES"]
+__all__ = ["fit_profile", "fit_contention", "judge_evidence", "synthetic_samples", "stage_confidence", "weak_fit_reasons",
+           "EVIDENCE_SIGMAS", "MIN_FIT_SAMPLES", "MIN_STAGE_SAMPLES"]
 
 _MAD_TO_STD = 1.4826
+MIN_STAGE_SAMPLES = 3
+"""Usable samples a stage needs to be fitted (steps 1-5); with fewer it gets lower bounds (step 6)."""
 
 
 def _robust_std(x: np.ndarray) -> float:
@@ -101,11 +122,13 @@ def _arrays(samples: Sequence[Mapping[str, Any]], interval_s: float | None) -> d
     busy = np.full((n, 3), np.nan)
     inflight = np.zeros((n, 3))
     intervals = np.zeros(n)
+    known = np.zeros(n, dtype=bool)  # every stage's moved bytes are known (not zeroed as unusable)
     for j, s in enumerate(samples):
         try:
             threads[j] = s["threads"]
             nbytes[j] = s["bytes"]
             moved[j] = s["moved"] if s.get("moved") is not None else s["bytes"]
+            known[j] = s.get("moved") is not None or bool(np.all(nbytes[j] > 0))
         except (KeyError, ValueError, TypeError) as e:
             raise ProfileError(f"fit_profile: sample {j} needs 'threads' and 'bytes' triples ({e})") from None
         intervals[j] = float(s.get("interval_s") or interval_s or 1.0)
@@ -119,7 +142,7 @@ def _arrays(samples: Sequence[Mapping[str, Any]], interval_s: float | None) -> d
     # throughput, a lower bound of the capacity.
     busy = np.where(np.isnan(busy), threads * intervals[:, None], busy)
     return {"threads": threads, "bytes": nbytes, "moved": moved, "busy": busy, "interval": intervals,
-            "inflight": inflight}
+            "inflight": inflight, "moved_known": known}
 
 
 def _fit_stage(a: Mapping[str, np.ndarray], i: int, ok: np.ndarray, max_threads: int
@@ -232,26 +255,6 @@ def _bound_stage(a: Mapping[str, np.ndarray], i: int, ok: np.ndarray, max_thread
 _ABOVE_BOTTLENECK = 1.25
 
 
-def _keep_bounds_above_bottleneck(stages: list[StageProfile], details: dict[str, Any], max_threads: int) -> None:
-    """Keep every few-sample stage at least 25% above the measured stages' weakest capacity.
-
-    Such a stage had few usable samples because its threads were mostly waiting on a buffer, so
-    it never limited the path; its bounds can still tie with (or fall below) the measured
-    bottleneck, which would move the simulator's bottleneck and the oracle to the wrong stage.
-    """
-    measured = [j for j, name in enumerate(STAGES) if not details[name]["few_samples"]]
-    if not measured:
-        return
-    ref = min(float(capacity_array(stages[j].tpt, stages[j].bandwidth, max_threads)) for j in measured)
-    for j, name in enumerate(STAGES):
-        st = stages[j]
-        if j in measured or capacity_array(st.tpt, st.bandwidth, max_threads) >= _ABOVE_BOTTLENECK * ref:
-            continue
-        bw = max(st.bandwidth, _ABOVE_BOTTLENECK * ref)
-        stages[j] = StageProfile(tpt=max(st.tpt, bw / max_threads), bandwidth=bw)
-        details[name]["raised_above_bottleneck"] = True
-
-
 def fit_profile(
     samples: Sequence[Mapping[str, Any]],
     interval_s: float | None = None,
@@ -259,8 +262,10 @@ def fit_profile(
     max_threads: int = 32,
     min_busy_s: float | None = None,
     keep_samples: bool = True,
+    chunk_bytes: int | None = None,
 ) -> Profile:
-    """Fit per-thread throughputs, bandwidths and noise from exploration samples.
+    """Fit per-thread throughputs, bandwidths and noise from exploration samples, then judge the
+    fit against the end-to-end rates the samples show (steps 1-7 of the module docstring).
 
     :param samples: list of sample dicts (module docstring).
     :param interval_s: control interval of the profile; ``None``: the median of the samples'.
@@ -269,30 +274,16 @@ def fit_profile(
     :param min_busy_s: ignore a stage in samples with less busy time (thread-seconds) than this;
         default 5% of the interval.
     :param keep_samples: store the samples in the profile.
+    :param chunk_bytes: the chunk size the samples were taken with (bytes); a count is exact to
+        one chunk, which widens the evidence margin of :func:`judge_evidence`. ``None``: no such term.
     """
     a = _arrays(samples, interval_s)
     if interval_s is None:
         interval_s = float(np.median(a["interval"]))
     if min_busy_s is None:
         min_busy_s = 0.05 * interval_s
-    stages: list[StageProfile] = []
-    details: dict[str, Any] = {}
-    residuals: list[np.ndarray] = []
-    for i, name in enumerate(STAGES):
-        ok = (a["threads"][:, i] >= 1) & (a["bytes"][:, i] > 0) & (a["busy"][:, i] >= min_busy_s)
-        if ok.sum() >= 3:
-            stage, info, res = _fit_stage(a, i, ok, max_threads)
-            residuals.append(res)
-        else:
-            stage, info = _bound_stage(a, i, ok, max_threads, name, min_busy_s)
-        stages.append(stage)
-        details[name] = info
-    _keep_bounds_above_bottleneck(stages, details, max_threads)
-    res = np.concatenate(residuals) if residuals else np.zeros(0)
-    med = float(np.median(res)) if res.size else 0.0
-    spread = _robust_std(res)
-    keep = np.abs(res - med) <= max(4.0 * spread, 1e-12)
-    noise = float(np.std(res[keep])) if keep.sum() >= 2 else 0.0
+    stages, details, residuals = _fit_stages(a, max_threads, min_busy_s)
+    noise = _residual_noise(residuals)
     meta = {
         "fit": {
             "method": "busy-time capacities; min(n*TPT, B); medians",
@@ -309,7 +300,178 @@ def fit_profile(
         interval_s=float(interval_s), max_threads=int(max_threads), noise=min(noise, 0.5),
         samples=[dict(s) for s in samples] if keep_samples else None, meta=meta,
     )
-    return fit_contention(profile, samples, min_busy_s=min_busy_s)
+    profile = fit_contention(profile, samples, min_busy_s=min_busy_s)
+    return judge_evidence(profile, samples, chunk_bytes=chunk_bytes)
+
+
+def _fit_stages(a: Mapping[str, np.ndarray], max_threads: int, min_busy_s: float
+                ) -> tuple[list[StageProfile], dict[str, Any], list[np.ndarray]]:
+    """Each stage fitted from its usable samples (steps 1-5), or bounded when it has fewer than
+    three (step 6): ``(stages, per-stage details, residuals of the fitted stages)``."""
+    stages: list[StageProfile] = []
+    details: dict[str, Any] = {}
+    residuals: list[np.ndarray] = []
+    for i, name in enumerate(STAGES):
+        ok = (a["threads"][:, i] >= 1) & (a["bytes"][:, i] > 0) & (a["busy"][:, i] >= min_busy_s)
+        if ok.sum() >= MIN_STAGE_SAMPLES:
+            stage, info, res = _fit_stage(a, i, ok, max_threads)
+            residuals.append(res)
+        else:
+            stage, info = _bound_stage(a, i, ok, max_threads, name, min_busy_s)
+        stages.append(stage)
+        details[name] = info
+    return stages, details, residuals
+
+
+def _residual_noise(residuals: list[np.ndarray]) -> float:
+    """The std of the relative capacity residuals of all fitted stages, without outliers beyond
+    four robust standard deviations (step 5)."""
+    res = np.concatenate(residuals) if residuals else np.zeros(0)
+    med = float(np.median(res)) if res.size else 0.0
+    keep = np.abs(res - med) <= max(4.0 * _robust_std(res), 1e-12)
+    return float(np.std(res[keep])) if keep.sum() >= 2 else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Evidence: a fit may promise no more than the exploration delivered (step 7)
+# ---------------------------------------------------------------------------------------------
+EVIDENCE_SIGMAS = 2.0
+"""Width of the evidence band in standard deviations (a count of them; the deviations are relative
+to the rate) of the rates through the path at its ceiling. With one chunk per interval of count
+resolution it is the margin by which a measured peak capacity may lie above the highest delivered
+rate, or below the median rate through the path at its ceiling, and still count as seen limiting the
+path: a difference that normal interval-to-interval noise of that spread exceeds on one side
+about once in 44 intervals."""
+CEILING_FRACTION = 0.8
+"""Rates through the path at least this fraction (dimensionless) of the median of the top ones
+are the path's ceiling: their median is the rate it kept up, their robust relative spread the
+noise of :data:`EVIDENCE_SIGMAS`."""
+
+
+def end_to_end_rates(samples: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample, in bytes/s: ``(delivered, through)``. ``delivered`` is what the write stage
+    moved (what reached the destination); ``through`` is the least of the three stages'
+    throughputs, the rate at which data passed the whole path in that interval (a buffer filling
+    or draining raises one stage's throughput, never all three). NaN where a sample has no
+    ``moved`` and the stage's ``bytes`` were marked unusable (unknown)."""
+    a = _arrays(samples, None)
+    known = a["moved_known"]
+    delivered = np.where(known | (a["bytes"][:, 2] > 0), a["moved"][:, 2] / a["interval"], np.nan)
+    through = np.where(known, a["moved"].min(axis=1) / a["interval"], np.nan)
+    return delivered, through
+
+
+def end_to_end_evidence(samples: Sequence[Mapping[str, Any]], chunk_bytes: int | None = None
+                        ) -> dict[str, Any] | None:
+    """What the exploration delivered (:func:`end_to_end_rates`), or None if nothing was delivered.
+
+    ``max_bps``: the highest delivered rate of an interval; ``top_bps``: the rate the path kept
+    up at its ceiling, the median of the rates through the whole path that reach
+    :data:`CEILING_FRACTION` of the median of the top-k ones (k = max(3, 10% of the intervals),
+    as in step 1; the top-k alone sit above the ceiling by the noise); None if no interval moved
+    data through all three stages; ``noise``: the robust relative std of those ceiling rates;
+    ``resolution``: one chunk per interval relative to ``max_bps`` (0 without ``chunk_bytes``);
+    ``margin``: ``resolution + EVIDENCE_SIGMAS * noise``.
+    """
+    delivered, through = end_to_end_rates(samples)
+    delivered = delivered[np.isfinite(delivered) & (delivered > 0)]
+    through = through[np.isfinite(through) & (through > 0)]
+    if delivered.size == 0:
+        return None
+    hi = float(delivered.max())
+    top_bps, noise = None, 0.0
+    if through.size:
+        top = float(np.median(np.sort(through)[-max(3, int(math.ceil(0.1 * through.size))):]))
+        ceiling = through[through >= CEILING_FRACTION * top]
+        top_bps = float(np.median(ceiling))
+        noise = _robust_std(ceiling) / top_bps
+    interval = float(np.median([float(s.get("interval_s") or 1.0) for s in samples]))
+    resolution = float(chunk_bytes) / (interval * hi) if chunk_bytes else 0.0
+    return {"max_bps": hi, "top_bps": top_bps, "noise": round(noise, 4), "resolution": round(resolution, 4),
+            "margin": round(resolution + EVIDENCE_SIGMAS * noise, 4), "intervals": int(delivered.size)}
+
+
+def judge_evidence(profile: Profile, samples: Sequence[Mapping[str, Any]] | None = None,
+                   chunk_bytes: int | None = None) -> Profile:
+    """The profile with every bandwidth checked against the end-to-end rates (step 7).
+
+    Marks each stage ``seen_limiting`` (or, for a measured bandwidth outside the band,
+    ``not_seen_limiting`` and a lower bound), keeps the stages not seen limiting 25% above the
+    weakest one seen limiting, or, when none was, sets every bandwidth to the highest delivered
+    rate. ``meta["fit"]["evidence"]`` gets :func:`end_to_end_evidence`, the stages seen limiting,
+    ``promised_bps`` (the fit's achievable rate before this step) and ``capped``. Without samples
+    (``profile.samples`` if a list) or without a positive end-to-end rate it returns the profile
+    with ``evidence`` None.
+
+    :param profile: a fitted profile whose ``meta["fit"]["stages"]`` holds the fit's details.
+    :param samples: the samples it was fitted from; None: ``profile.samples``.
+    :param chunk_bytes: the exploration's chunk size (bytes), or None.
+    """
+    if samples is None:
+        samples = profile.samples if isinstance(profile.samples, list) else []
+    fit = dict((profile.meta or {}).get("fit") or {})
+    details = {k: dict(v) for k, v in (fit.get("stages") or {}).items()}
+    ev = end_to_end_evidence(samples, chunk_bytes) if samples else None
+    stages = list(profile.stages)
+    if ev is None or set(details) != set(STAGES):
+        fitted = [j for j, name in enumerate(STAGES) if not (details.get(name) or {}).get("few_samples", True)]
+        if fitted:  # no end-to-end rate to judge by: keep the bounds above the fitted stages
+            _keep_above_bottleneck(stages, details, fitted, profile.max_threads)
+        meta = dict(profile.meta, fit=dict(fit, stages=details, evidence=None))
+        return profile.replace(read=stages[0], net=stages[1], write=stages[2], meta=meta)
+    peaks = profile.peak_capacities()
+    hi = ev["max_bps"] * (1.0 + ev["margin"])
+    lo = 0.0 if ev["top_bps"] is None else ev["top_bps"] * (1.0 - ev["margin"])
+    seen = []
+    for j, name in enumerate(STAGES):
+        info = details[name]
+        measured = _peak_measured(info)
+        info["seen_limiting"] = bool(measured and lo <= peaks[j] <= hi)
+        if info["seen_limiting"]:
+            seen.append(j)
+        elif measured:
+            info["not_seen_limiting"] = "above the highest delivered rate" if peaks[j] > hi else \
+                "below the end-to-end rate the path kept up"
+            if not info.get("bandwidth_lower_bound"):
+                info["bandwidth_lower_bound"] = True
+                info["fitted_bandwidth_bps"] = float(stages[j].bandwidth)
+    ev.update(seen_limiting=[STAGES[j] for j in seen], promised_bps=float(profile.achievable_bps), capped=not seen)
+    if seen:
+        _keep_above_bottleneck(stages, details, seen, profile.max_threads)
+    else:
+        for j, name in enumerate(STAGES):
+            details[name].setdefault("fitted_bandwidth_bps", float(stages[j].bandwidth))
+            details[name]["capped_to_end_to_end"] = True
+            stages[j] = _replace_stage(stages[j], bandwidth=ev["max_bps"], bandwidth_spread=0.0)
+    meta = dict(profile.meta, fit=dict(fit, stages=details, evidence=ev))
+    return profile.replace(read=stages[0], net=stages[1], write=stages[2], meta=meta)
+
+
+def _peak_measured(info: Mapping[str, Any]) -> bool:
+    """Whether the fit measured a stage's peak capacity: its plateau (step 3), or, below a plateau
+    never reached, ``max_threads`` times a measured per-thread rate."""
+    if info.get("few_samples"):
+        return False
+    return not info.get("bandwidth_lower_bound") or not info.get("tpt_lower_bound")
+
+
+def _keep_above_bottleneck(stages: list[StageProfile], details: dict[str, Any], seen: list[int],
+                           max_threads: int) -> None:
+    """Keep every stage not seen limiting at least 25% above the weakest stage seen limiting.
+
+    Such a stage never limited the path (its threads were mostly waiting on a buffer, or its
+    measured plateau lies above anything the path delivered), so its bounds may still tie with or
+    fall below the bottleneck, which would move the simulator's bottleneck and the oracle to the
+    wrong stage.
+    """
+    ref = min(float(capacity_array(stages[j].tpt, stages[j].bandwidth, max_threads)) for j in seen)
+    for j, name in enumerate(STAGES):
+        st = stages[j]
+        if j in seen or capacity_array(st.tpt, st.bandwidth, max_threads) >= _ABOVE_BOTTLENECK * ref:
+            continue
+        bw = max(st.bandwidth, _ABOVE_BOTTLENECK * ref)
+        stages[j] = _replace_stage(st, tpt=max(st.tpt, bw / max_threads), bandwidth=bw)
+        details[name]["raised_above_bottleneck"] = True
 
 
 def synthetic_samples(
@@ -494,8 +656,10 @@ MIN_FIT_SAMPLES = 10
 
 
 def stage_confidence(profile: Profile) -> dict[str, dict[str, Any]]:
-    """Per stage: samples used, the spreads, and whether each value was measured or is only a
-    lower bound (from ``profile.meta["fit"]``; a profile without it counts as measured)."""
+    """Per stage: samples used, the spreads, whether each value was measured or is only a lower
+    bound, whether the stage was seen limiting the path and whether its bandwidth was capped at
+    the highest delivered rate (step 7), from ``profile.meta["fit"]``; a profile without it counts
+    as measured."""
     details = ((profile.meta or {}).get("fit") or {}).get("stages") or {}
     out: dict[str, dict[str, Any]] = {}
     for name, st in zip(STAGES, profile.stages):
@@ -507,6 +671,8 @@ def stage_confidence(profile: Profile) -> dict[str, dict[str, Any]]:
             "tpt_spread": float(st.tpt_spread), "bandwidth_spread": float(st.bandwidth_spread),
             "samples_used": int(info.get("samples_used", 0)),
             "few_samples": bool(info.get("few_samples", False)),
+            "seen_limiting": bool(info.get("seen_limiting", False)),
+            "capped": bool(info.get("capped_to_end_to_end", False)),
         }
     return out
 
@@ -514,16 +680,36 @@ def stage_confidence(profile: Profile) -> dict[str, dict[str, Any]]:
 def weak_fit_reasons(profile: Profile, min_samples: int = MIN_FIT_SAMPLES) -> list[str]:
     """Why the fit of ``profile`` cannot be stood behind (empty: it can).
 
-    A fit is weak when it rests on fewer than ``min_samples`` intervals, or when no stage limited
-    the path long enough to be measured (every value is then a lower bound, and the simulator's
-    bottleneck and oracle are guesses).
+    A fit is weak when it rests on fewer than ``min_samples`` intervals, or when no stage was seen
+    limiting the path (step 7 of the module docstring: every bandwidth is then a lower bound,
+    capped at the highest delivered rate, and the simulator's bottleneck is a guess); the reason
+    says whether the fit had promised more than the exploration ever delivered, or less than the
+    path kept up. A profile judged without end-to-end rates (``evidence`` None or absent) is weak
+    when every stage had too few samples to be measured.
     """
     fit = (profile.meta or {}).get("fit") or {}
     reasons = []
     n = int(fit.get("n_samples", 0))
     if n < min_samples:
         reasons.append(f"only {n} intervals were usable (at least {min_samples} needed)")
-    conf = stage_confidence(profile)
-    if all(c["few_samples"] for c in conf.values()):
+    ev = fit.get("evidence")
+    if ev and ev.get("capped"):
+        reasons.append(_no_limit_seen(ev))
+    elif not ev and all(c["few_samples"] for c in stage_confidence(profile).values()):
         reasons.append("no stage limited the path long enough to be measured (every value is a lower bound)")
     return reasons
+
+
+def _no_limit_seen(ev: Mapping[str, Any]) -> str:
+    """The weak-fit reason of a profile capped to its highest delivered rate (rates in MB/s, 10^6 bytes/s)."""
+    mb = 1e6
+    promised, hi, margin, top = ev["promised_bps"], ev["max_bps"], ev["margin"], ev.get("top_bps")
+    why = ""
+    if promised > hi * (1.0 + margin):
+        why = (f"the fit promised {promised / mb:.1f} MB/s, more than the exploration ever delivered "
+               f"({hi / mb:.1f} MB/s, noise margin {margin:.0%}): ")
+    elif top is not None and promised < top * (1.0 - margin):
+        why = (f"the fit promised only {promised / mb:.1f} MB/s, less than the path kept up end to end "
+               f"({top / mb:.1f} MB/s): ")
+    return (f"{why}no stage was seen limiting the path, so every stage's bandwidth is only a lower bound, "
+            f"capped at the highest delivered rate, {hi / mb:.1f} MB/s")
