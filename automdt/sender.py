@@ -186,6 +186,8 @@ class Summary:
     """With ``--shard``: ``"I/N"`` (the file counts are this shard's)."""
     history: List[IntervalRecord] = field(default_factory=list, repr=False)
     """The controller's interval records (not part of the JSON summary)."""
+    final_record: Optional[IntervalRecord] = field(default=None, repr=False)
+    """The run's last, partial interval (``"final": true`` in the log; not part of the JSON summary)."""
     retryable: bool = field(default=True, repr=False)
     """A network failure worth retrying (not part of the JSON summary)."""
     reused_by_file: Dict[int, int] = field(default_factory=dict, repr=False)
@@ -196,7 +198,7 @@ class Summary:
 
     def as_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
-        for k in ("history", "retryable", "reused_by_file"):
+        for k in ("history", "final_record", "retryable", "reused_by_file"):
             d.pop(k, None)
         for k in ("dry_run_files", "verified", "differences", "unreadable", "shard", "start"):
             if d[k] is None:
@@ -694,7 +696,8 @@ class _Transfer:
             self._report(ctrl, written)
             time.sleep(self._pause(now))
         self._poll()  # the last word: errors of files that failed as they were activated, the final counters
-        ctrl.tick(self.engine.stats(), self.receiver_stats, time.monotonic(), final=True)  # the last, partial interval
+        # the last, partial interval
+        self.summary.final_record = ctrl.tick(self.engine.stats(), self.receiver_stats, time.monotonic(), final=True)
 
     def _start_engine(self) -> None:
         """The sender engine, connected to the receiver's data port with the limits in force."""
