@@ -68,9 +68,12 @@ def _switch_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--switch", metavar="NAME=VALUE", action="append", type=_switch, help=SWITCH_HELP)
 
 
-def _add_engine_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", metavar="R,N,W", default=None, type=A.threads,
-                   help="static read,network,write thread counts (with --policy: the starting counts)")
+def _add_engine_options(p: argparse.ArgumentParser, threads: bool = True) -> None:
+    if threads:  # explore draws its own thread counts
+        p.add_argument("--threads", metavar="R,N,W", default=None, type=A.threads,
+                       help="static read,network,write thread counts (with --policy: the starting counts)")
+    else:
+        p.set_defaults(threads=None)
     p.add_argument("--memory", metavar="BYTES", default="256Mi", type=A.size(MIN_CHUNK, what="memory"),
                    help="memory cap of each staging buffer, e.g. 512Mi or 1G (default 256Mi)")
     p.add_argument("--chunk-size", metavar="BYTES", default=None, type=A.size(MIN_CHUNK, MAX_CHUNK, "chunk size"),
@@ -79,7 +82,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                         "a quarter of --interval to pass the three stages)")
     p.add_argument("--throttle", metavar="SPEC", default="",
                    help="emulated bottlenecks: comma list of read.thread=, net.thread=, write.thread=, "
-                        "read.total=, net.total=, write.total= in bytes/s with K/M/G (powers of 1000); "
+                        "read.total=, net.total=, write.total= in bytes/s with K/M/G (powers of 1000: "
+                        "40M = 40 MB/s = 40*10^6 bytes/s, not MiB); "
                         "@FILE: a schedule, a YAML list of {at: SECONDS, throttle: SPEC} entries applied "
                         "at their times (an empty SPEC lifts every limit); 0 means no limit")
     p.add_argument("--secret-file", metavar="F", type=A.nonempty,
@@ -259,22 +263,32 @@ def _explore_parser(sub) -> None:
                        description="Move real data of SRC to DEST for --duration seconds, drawing a random "
                                    "(read, net, write) thread triple every interval, and fit the simulator "
                                    "profile (per-thread throughput from bytes per busy thread-second, stage "
-                                   "bandwidths, noise) to the engine's counters. Writes the profile YAML with the "
-                                   "raw samples and each stage's confidence (samples used, spread, measured or "
-                                   "lower bound). A fit resting on too little evidence is an error (exit 14; "
-                                   "the profile goes to NAME.weak.yaml) unless --allow-weak-fit. If the data is "
-                                   "already at DEST, or runs out, further rounds copy it into a scratch "
-                                   "subdirectory of DEST that is removed afterwards.", epilog=EPILOG_EXIT)
+                                   "bandwidths, noise) to the engine's counters. First prints what a trustworthy "
+                                   "fit needs (intervals, seconds, data per round) and what falls short. A stage's "
+                                   "bandwidth counts only if the stage was seen limiting the path (within the "
+                                   "noise of the end-to-end rates); any other is a lower bound, and if no stage "
+                                   "was seen limiting, every bandwidth is capped at the highest delivered rate, so "
+                                   "the profile never promises more than the exploration saw. Writes the profile "
+                                   "YAML with the raw samples and each stage's confidence (samples used, spread, "
+                                   "measured or lower bound). A fit resting on too little evidence (fewer than 10 "
+                                   "intervals, no stage seen limiting the path, or an exploration that ended before "
+                                   "half of --duration) is an error, exit 14: the profile goes to NAME.weak.yaml "
+                                   "instead of -o, the reasons to its meta.fit.weak; --allow-weak-fit writes it to "
+                                   "-o (exit 0). If the data is already at DEST, or runs out, further rounds copy "
+                                   "it into a scratch subdirectory of DEST that is removed afterwards. Rates are "
+                                   "printed in MB/s (1 MB = 10^6 bytes, as --throttle takes them).",
+                       epilog=EPILOG_EXIT)
     e.add_argument("src", help="source directory or file (real data of the path to explore)")
     e.add_argument("dest", help="local directory, or HOST:PORT[/SUBDIR] of a running `automdt receive`")
     e.add_argument("--duration", type=A.seconds(), default=30.0, metavar="SECONDS",
-                   help="exploration time, at least 3 intervals (default 30 s)")
+                   help="exploration time, at least 3 intervals (default 30 s; explore prints the minimum "
+                        "for a trustworthy fit, about 24 intervals)")
     e.add_argument("-o", "--output", required=True, metavar="PROFILE.yaml", type=A.nonempty,
-                   help="profile file to write (.yaml, or .json)")
+                   help="profile file to write (.yaml, or .json); a weak fit goes to PROFILE.weak.yaml")
     e.add_argument("--seed", type=A.integer(0), default=0, help="seed of the random thread counts (default 0)")
     e.add_argument("--allow-weak-fit", action="store_true",
                    help="write the profile to -o even when the fit rests on too little evidence (exit 0)")
-    _add_engine_options(e)
+    _add_engine_options(e, threads=False)
     _debug_option(e)
 
 
@@ -824,45 +838,108 @@ def _weak_path(path: str) -> str:
 
 
 def cmd_explore(args) -> int:
-    from automdt.units import format_bytes
-
     opts = _transfer_options(args)
     if args.duration < 3 * args.interval:
         raise AutomdtError("--duration must cover at least 3 intervals (--interval)", errors.USAGE)
     A.check_output_file(args.output, "-o")
-    from automdt.explore import explore, stage_report, weak_fit
+    from automdt.explore import explore, exploration_plan, stage_report, weak_fit
 
-    res = explore(args.src, args.dest, args.duration, opts, seed=args.seed)
+    plan = exploration_plan(args.duration, opts, args.src if os.path.exists(args.src) else None)
+    text = not args.json and not args.quiet
+    if text:
+        for line in _plan_lines(plan, opts):
+            _out(line)
+    res = explore(args.src, args.dest, args.duration, opts, seed=args.seed, plan=plan)
     prof = res["profile"]
     reasons = weak_fit(prof, res)
     target = args.output if not reasons or args.allow_weak_fit else _weak_path(args.output)
     with interrupts.shielded():
         where = A.save_result(target, prof.save, "profile")
     stages = stage_report(prof)
+    evidence = _explore_evidence(prof)
     out = {"profile": where, "intervals": len(res["samples"]), "seconds": round(res["seconds"], 1),
-           "rounds": res["rounds"], "weak_fit": reasons, "stages": stages}
+           "rounds": res["rounds"], "weak_fit": reasons, "stages": stages, "evidence": evidence, "plan": plan}
     if args.json:
         _out(json.dumps(out))
-    elif not args.quiet:
-        _out(f"profile written to {where} from {out['intervals']} intervals in {out['seconds']} s")
+    elif text:
+        _out(f"profile written to {where} from {out['intervals']} intervals in {out['seconds']} s "
+             f"({res['rounds']} round{'s' if res['rounds'] != 1 else ''}); rates in MB/s, 1 MB = 10^6 bytes as in --throttle")
         for name, st in stages.items():
-            _out(f"  {name:5s}  per thread {_estimate(st, 'tpt', format_bytes)}   "
-                 f"stage {_estimate(st, 'bandwidth', format_bytes)}")
+            _out(f"  {name:5s}  per thread {_estimate(st, 'tpt')}   stage {_estimate(st, 'bandwidth')}")
+        _out(_evidence_line(evidence))
     if reasons:
         why = "; ".join(reasons)
         if args.allow_weak_fit:
             print(f"automdt: weak fit (written anyway, --allow-weak-fit): {why}", file=sys.stderr)
         else:
             raise AutomdtError(f"weak fit, not written to {args.output}: {why}; the profile is in {where}; "
-                               "explore longer or with more data, or accept it with --allow-weak-fit",
+                               f"{_weak_advice(plan, res, evidence, args.src, opts)}, or accept it with --allow-weak-fit",
                                errors.WEAK_FIT)
     return 0
 
 
-def _estimate(st: dict, key: str, fmt) -> str:
-    value = f"{fmt(st[key])}/s"
+def _plan_lines(plan: dict, opts) -> List[str]:
+    """What a trustworthy exploration needs (:func:`automdt.explore.exploration_plan`), as printed up front."""
+    from automdt.explore import format_size
+    from automdt.units import format_bytes
+
+    have = "" if plan["dataset_bytes"] is None else \
+        f"; SRC holds {'at least ' if plan['dataset_bytes'] >= plan['min_dataset_bytes'] else ''}{format_size(plan['dataset_bytes'])}"
+    lines = [f"explore: a trustworthy fit needs about {plan['min_intervals']} intervals ({plan['min_duration_s']:g} s at "
+             f"--interval {opts.interval_s:g} s: every stage probed {plan['probes_per_stage']} times) and at least "
+             f"{format_size(plan['min_dataset_bytes'])} of data per round (a probe at --max-threads {opts.max_threads}, "
+             f"one --chunk-size {format_bytes(opts.chunk_size)} chunk per thread per interval){have}"]
+    return lines + [f"explore: {note}" for note in plan["notes"]]
+
+
+def _explore_evidence(prof) -> dict:
+    """What the exploration delivered and what the profile promises (``--json``'s ``evidence``)."""
+    from automdt.simulator.oracle import oracle
+
+    ev = dict((prof.meta.get("fit") or {}).get("evidence") or {})
+    best = oracle(prof)
+    ev.update(oracle_threads=list(best.threads), oracle_bps=best.throughput_bps)
+    return ev
+
+
+def _evidence_line(ev: dict) -> str:
+    """The last line of explore's report: what the path delivered, which stage was seen limiting
+    it, and the optimum the profile promises."""
+    from automdt.explore import format_rate
+
+    seen = ", ".join(ev.get("seen_limiting") or []) or "no stage"
+    head = "" if "max_bps" not in ev else \
+        f"the exploration delivered at most {format_rate(ev['max_bps'])} (noise margin {ev['margin']:.0%}); "
+    return (f"{head}seen limiting the path: {seen}; the profile's optimum: {format_rate(ev['oracle_bps'])} with "
+            f"{','.join(str(n) for n in ev['oracle_threads'])} (read,net,write) threads")
+
+
+def _weak_advice(plan: dict, res: dict, evidence: dict, src: str, opts) -> str:
+    """What would make the next exploration's fit trustworthy: the plan's minimum duration, and
+    data for rounds of a probe's length at the rate seen."""
+    from automdt.explore import data_needed, dataset_bytes, format_size
+
+    more = []
+    if res["seconds"] < plan["min_duration_s"] or len(res["samples"]) < plan["min_intervals"]:
+        more.append(f"for at least {plan['min_duration_s']:g} s")
+    need = data_needed(plan, float(evidence.get("max_bps") or 0.0), opts.interval_s)
+    if plan["dataset_bytes"] is not None and dataset_bytes(src, enough=need) < need:
+        more.append(f"with at least {format_size(need)} of data")
+    return "explore " + (" and ".join(more) if more else "longer or with more data")
+
+
+def _estimate(st: dict, key: str) -> str:
+    """One value of a stage line: measured (spread, samples) or a lower bound, and why."""
+    from automdt.explore import format_rate
+
+    value = format_rate(st[key])
+    seen = key == "bandwidth" and st.get("seen_limiting")
     if st[f"{key}_measured"]:
-        return f"{value} (±{st[f'{key}_spread']:.0%}, {st['samples_used']} samples)"
+        return f"{value} (±{st[f'{key}_spread']:.0%}, {st['samples_used']} samples{'; seen limiting the path' if seen else ''})"
+    if key == "bandwidth" and st.get("capped"):
+        return f">= {value} (lower bound, capped at the highest delivered rate)"
+    if seen:  # threads were the limit: the stage's capacity at --max-threads was seen, its plateau never
+        return f">= {value} (lower bound; seen limiting the path at --max-threads)"
     return f">= {value} (lower bound{', ' + str(st['samples_used']) + ' samples' if key == 'tpt' else ''})"
 
 

@@ -3,6 +3,7 @@ import pytest
 
 pytest.importorskip("automdt.transfer_engine._engine")
 
+from automdt import errors  # noqa: E402
 from automdt.explore import RandomExplorer, explore  # noqa: E402
 from automdt.sender import TransferOptions  # noqa: E402
 from automdt.simulator.profile import Profile  # noqa: E402
@@ -101,3 +102,108 @@ def test_record_to_sample_estimates_the_new_threads_chunks_in_progress():
     assert later["inflight_bytes"] == [1 << 20, 0, 0]  # two new read threads; none started elsewhere
     assert later["bytes"][2] == 0  # the write count fell: unusable, as before
     assert "inflight_bytes" not in record_to_sample(rec(6, 2, 1), rec(4, 2, 3))  # no chunk size, no estimate
+
+
+# ------------------------------------------------------------------------------------------------
+# The CLI judges its own evidence (`automdt explore` as a user runs it, on small datasets)
+# ------------------------------------------------------------------------------------------------
+def _explore_cli(*args, timeout=90):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "automdt", "explore", *args], capture_output=True, text=True,
+                       timeout=timeout)
+    assert "Traceback" not in p.stderr and "internal error" not in p.stderr, p.stderr
+    return p
+
+
+def _promise_and_delivery(path):
+    """(the profile's oracle rate, the highest rate its exploration delivered, the evidence margin)."""
+    from automdt.simulator.oracle import oracle
+
+    prof = Profile.load(path)
+    delivered = max(s["moved"][2] / s["interval_s"] for s in prof.samples)
+    return oracle(prof).throughput_bps, delivered, prof.meta["fit"]["evidence"]["margin"]
+
+
+# the issue's path scaled down (read 10 MB/s per thread, network 40 MB/s in all, staging buffers
+# of four 4 MiB chunks that hold it near 32 MB/s), and a path limited by its writers' threads
+SMALL_PATHS = {
+    "buffer-held": (10, 4 * MB, ["--throttle", "read.thread=10M,net.total=40M", "--memory", "16Mi", "--duration", "12"]),
+    "write-threads": (12, 2 * MB, ["--throttle", "write.thread=4M", "--max-threads", "8", "--chunk-size", "512Ki",
+                                   "--duration", "10"]),
+}
+
+
+@pytest.mark.parametrize("path", sorted(SMALL_PATHS))
+def test_explore_on_a_small_dataset_never_promises_more_than_it_delivered(make_tree, tmp_path, path):
+    n, size, extra = SMALL_PATHS[path]
+    src = make_tree({f"f{i:02d}.bin": size for i in range(n)})
+    out = tmp_path / "p.yaml"
+    p = _explore_cli(src, str(tmp_path / "dst"), "-o", str(out), *extra)
+    # up front: what a trustworthy fit needs, and that this dataset falls short of it
+    first = p.stdout.splitlines()[0]
+    assert first.startswith("explore: a trustworthy fit needs about ") and " intervals (" in first, p.stdout
+    assert "; SRC holds " in first, p.stdout
+    assert "MB/s" in p.stdout and "MiB/s" not in p.stdout and "1 MB = 10^6 bytes" in p.stdout, p.stdout
+    if p.returncode == 0:
+        written = out
+    else:  # weak: exit 14, the profile beside -o, and why
+        assert p.returncode == errors.WEAK_FIT, p.stderr
+        assert not out.exists()
+        written = tmp_path / "p.weak.yaml"
+        assert written.exists() and "weak fit, not written to" in p.stderr, p.stderr
+    promised, delivered, margin = _promise_and_delivery(written)
+    assert margin <= 0.3, margin
+    assert promised <= delivered * (1.0 + margin), (path, promised / MB, delivered / MB, p.stdout, p.stderr)
+
+
+def test_explore_allow_weak_fit_writes_the_profile_and_exits_0(make_tree, tmp_path):
+    src = make_tree({f"f{i:02d}.bin": 4 * MB for i in range(6)})
+    out = tmp_path / "p.yaml"
+    p = _explore_cli(src, str(tmp_path / "dst"), "-o", str(out), "--throttle", "read.thread=10M,net.total=40M",
+                     "--memory", "16Mi", "--duration", "6", "--allow-weak-fit")
+    assert p.returncode == 0, p.stderr
+    assert out.exists() and not (tmp_path / "p.weak.yaml").exists()
+    assert "weak fit (written anyway, --allow-weak-fit)" in p.stderr
+    assert Profile.load(out).meta["fit"]["weak"]
+    promised, delivered, margin = _promise_and_delivery(out)
+    assert promised <= delivered * (1.0 + margin)
+
+
+def test_explore_duration_5_writes_the_weak_profile(make_tree, tmp_path):
+    # an unthrottled small dataset: a round may move all of it within one interval
+    src = make_tree({f"f{i:02d}.bin": 4 * MB for i in range(5)})
+    out = tmp_path / "p.yaml"
+    p = _explore_cli(src, str(tmp_path / "dst"), "-o", str(out), "--duration", "5")
+    assert p.returncode == errors.WEAK_FIT, p.stderr
+    assert (tmp_path / "p.weak.yaml").exists() and not out.exists(), p.stderr
+    assert Profile.load(tmp_path / "p.weak.yaml").meta["fit"]["weak"]
+    p = _explore_cli(src, str(tmp_path / "dst2"), "-o", str(out), "--duration", "5", "--allow-weak-fit", "--json")
+    assert p.returncode == 0, p.stderr
+    assert out.exists() and "weak fit (written anyway" in p.stderr
+
+
+def test_explore_help_speaks_of_its_own_options_and_units():
+    p = _explore_cli("--help", timeout=30)
+    assert p.returncode == 0
+    text = " ".join(p.stdout.split())
+    assert "--policy" not in text and "--threads" not in text, text  # explore draws its own thread counts
+    assert "MB/s (1 MB = 10^6 bytes" in text and "10^6 bytes/s, not MiB" in text, text
+    assert "NAME.weak.yaml" in text and "seen limiting" in text, text
+
+
+def test_exploration_plan_counts_probes_chunks_and_threads(make_tree):
+    from automdt.explore import exploration_plan
+
+    src = make_tree({"a.bin": 3 * MB})
+    opts = TransferOptions(chunk_size=1 << 20, max_threads=8, interval_s=0.5, memory=4 << 20)
+    plan = exploration_plan(5.0, opts, src)
+    # two probes of each stage (a sweep of 3 gives 2 usable intervals, a stage needs 3), one draw
+    # in two a probe: 12 blocks of 2 intervals on average
+    assert plan["probes_per_stage"] == 2 and plan["min_intervals"] == 24 and plan["min_duration_s"] == 12.0
+    assert plan["min_dataset_bytes"] == 4 * 8 * (1 << 20) and plan["dataset_bytes"] == 3 * MB
+    notes = " ".join(plan["notes"])
+    assert "--duration 5 s is shorter" in notes and "SRC holds only 3.0 MB" in notes
+    assert "holds only 4 chunk(s)" in notes  # --memory 4Mi / 1 MiB chunks < 8 threads
+    assert exploration_plan(30.0, TransferOptions(), None)["notes"] == []
