@@ -887,8 +887,8 @@ def _plan_lines(plan: dict, opts) -> List[str]:
         f"; SRC holds {'at least ' if plan['dataset_bytes'] >= plan['min_dataset_bytes'] else ''}{format_size(plan['dataset_bytes'])}"
     lines = [f"explore: a trustworthy fit needs about {plan['min_intervals']} intervals ({plan['min_duration_s']:g} s at "
              f"--interval {opts.interval_s:g} s: every stage probed {plan['probes_per_stage']} times) and at least "
-             f"{format_size(plan['min_dataset_bytes'])} of data per round (a probe at --max-threads {opts.max_threads}, "
-             f"one --chunk-size {format_bytes(opts.chunk_size)} chunk per thread per interval){have}"]
+             f"{format_size(plan['min_dataset_bytes'])} of data per round (a probe at --max-threads {opts.max_threads} "
+             f"with a chunk of --chunk-size {format_bytes(opts.chunk_size)} per thread per interval){have}"]
     return lines + [f"explore: {note}" for note in plan["notes"]]
 
 
@@ -935,7 +935,9 @@ def _estimate(st: dict, key: str) -> str:
     value = format_rate(st[key])
     seen = key == "bandwidth" and st.get("seen_limiting")
     if st[f"{key}_measured"]:
-        return f"{value} (±{st[f'{key}_spread']:.0%}, {st['samples_used']} samples{'; seen limiting the path' if seen else ''})"
+        spread = st[f"{key}_spread"]
+        pm = f"±{spread:.0%}" if spread >= 0.005 else "±<1%"
+        return f"{value} ({pm}, {st['samples_used']} samples{'; seen limiting the path' if seen else ''})"
     if key == "bandwidth" and st.get("capped"):
         return f">= {value} (lower bound, capped at the highest delivered rate)"
     if seen:  # threads were the limit: the stage's capacity at --max-threads was seen, its plateau never

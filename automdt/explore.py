@@ -182,9 +182,10 @@ def exploration_plan(duration_s: float, opts: TransferOptions, src: Optional[str
     if src is not None:
         plan["dataset_bytes"] = have = dataset_bytes(src, enough=plan["min_dataset_bytes"])
         if have < plan["min_dataset_bytes"]:
-            plan["notes"].append(f"SRC holds only {format_size(have)}: each round ends before a probe does; explore "
-                                 "copies SRC again into scratch subdirectories of DEST (removed at the end), and "
-                                 "loses each round's start and end: a weak fit (exit 14) is likely; more data avoids it")
+            plan["notes"].append(f"SRC holds only {format_size(have)}: on a path where every thread moves a chunk per "
+                                 "interval, a round ends before its probe does; explore then copies SRC again into "
+                                 "scratch subdirectories of DEST (removed at the end), losing each round's start and "
+                                 "end, and the fit may be weak (exit 14)")
     return plan
 
 
