@@ -740,6 +740,11 @@ class _Transfer:
 
             ctrl.annotations["throttle"] = format_throttle(self.limits)
         ctrl.start_notes["chunk_bytes"] = self.chunk_size
+        to_send = sum(self.m.files[i].size for i in self.pending)
+        if 0 < to_send <= self.o.memory:
+            ctrl.start_notes["fits_in_buffers"] = (
+                "the data to send fits in the staging buffers: the source is read within the first interval, "
+                "every interval after it is the run's tail (\"tail\": true) and the policy is not asked")
         from automdt.transfer_engine import switches
 
         if switches.current().changed():  # comparison settings of the data path (--switch)

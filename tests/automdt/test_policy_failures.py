@@ -90,5 +90,29 @@ def test_a_transfer_whose_policy_raises_completes(tmp_path):
     assert len(list((tmp_path / "dst").iterdir())) == 17
     lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert any("policy_error" in x for x in lines) and any(str(x.get("policy", "")).startswith("fallback") for x in lines)
+    from tests.docs.test_schemas import validate
+
+    for line in lines:  # the documented format covers these records too
+        validate(line, "interval-log.schema.json")
     assert "no luck" in err and err.count("failed (ValueError") == 1
     assert "Traceback" not in err and sys.executable
+
+
+def test_a_dataset_that_fits_in_the_buffers_says_why_the_policy_is_not_asked(tmp_path):
+    from tests.util import run_cli
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(os.urandom(2 << 20))
+    rc, _, err = run_cli("transfer", str(src), str(tmp_path / "dst"), "--policy", "default", "--memory", "64Mi",
+                         "--log", str(tmp_path / "log.jsonl"), check_json=False, timeout=60)
+    assert rc == 0, err
+    start = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[0])
+    assert "fits in the staging buffers" in start["start"]["fits_in_buffers"]
+    from tests.docs.test_schemas import validate
+
+    validate(start, "interval-log.schema.json")
+    rc, _, err = run_cli("transfer", str(src), str(tmp_path / "dst2"), "--policy", "default", "--memory", "1Mi",
+                         "--chunk-size", "256Ki", "--log", str(tmp_path / "log2.jsonl"), check_json=False, timeout=60)
+    assert rc == 0, err
+    assert "fits_in_buffers" not in json.loads((tmp_path / "log2.jsonl").read_text().splitlines()[0])["start"]
