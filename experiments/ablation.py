@@ -56,8 +56,11 @@ HELD_OUT_SEED = 20_261_127
 """Seed of the held-out generator (training draws its own paths from other generators)."""
 MiB = 2 ** 20
 K = 1.02
-DEFAULT_CONTROLLERS = ("default", "ppo", "shield:ppo", "model", "shield:model", "marlin", "falcon", "heuristic",
-                       "topdown", "best-static")
+DEFAULT_CONTROLLERS = ("default", "capacity", "ppo", "shield:ppo", "model", "shield:model", "marlin", "falcon",
+                       "heuristic", "topdown", "best-static")
+"""Every controller of the comparison: the default (``shield:capacity``) and its policy bare, the
+shipped PPO network bare and shielded, the model-based controller bare and shielded, the papers'
+baselines, adaptiSeq's top-down search and the best fixed triple of each path."""
 
 
 @dataclass
