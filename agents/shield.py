@@ -20,7 +20,7 @@ from typing import Any, Deque, Dict, List, Optional
 
 from automdt.policy_contract import Observation, Triple, clamp_triple
 
-LOW = 0.5
+LOW = 0.7
 """Share of the best held rate below which the delivered rate is far too low."""
 PATIENCE = 2
 """Intervals in a row far too low before the shield takes over (one can be a change settling)."""
