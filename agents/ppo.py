@@ -55,7 +55,7 @@ _PIPELINE_NAMES = ("DEBIAS", "NOISE_PRIOR", "NOISE_SCALE", "SPARE_CAP", "Feature
 
 
 def __getattr__(name: str) -> Any:
-    """The pipeline's names, re-exported from their old home without importing numpy up front."""
+    """The pipeline's names, re-exported from this module without importing numpy up front."""
     if name in _PIPELINE_NAMES:
         return getattr(importlib.import_module("automdt.simulator.pipeline"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,8 +11,7 @@ numpy/torch equivalence test use this module; the live controller never does (it
 * :func:`write_numpy_weights` adds the actor's weights to a policy zip as
   :data:`automdt.agents.ppo.WEIGHTS_ENTRY` (what numpy inference reads); ``train`` calls it.
 * ``python -m automdt.agents.ppo_sb3 POLICY.zip [...]`` adds them to a policy file written by an
-  older automdt (rewrites the zip atomically and updates the sidecar's sha256). This is how the
-  shipped default policy got its arrays before it was retrained.
+  older automdt (rewrites the zip atomically and updates the sidecar's sha256).
 """
 from __future__ import annotations
 

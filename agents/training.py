@@ -81,10 +81,10 @@ DEFAULT_TIMESTEPS_RANDOM = 20_000_000
 PROFILE_EVAL_STARTS: Tuple[Any, ...] = (None, "oracle", (4, 4, 4), (16, 16, 16))
 """The starts ``automdt train --profile`` evaluates from (:func:`evaluate`'s ``starts``): the
 evaluation policy's own (1, 1, 1), the profile's oracle triple (where the written policy starts),
-and two wider ones (capped at the profile's thread bound). From its oracle triple alone, a network
-that merely holds its count scores near 1.0: a randomly initialised one trained 128 steps did,
-and on the engine it then went from (2, 2, 8) to (1, 1, 32) on the write-bound path it was trained
-for (0.43-0.66 of the oracle in the simulator without the floor, from every start tried)."""
+and two wider ones (capped at the profile's thread bound). Judged from its oracle triple alone, a
+network that merely holds its count scores near 1.0 however badly it moves from anywhere else, so
+an untrained network could pass and then wander off on the engine; the other starts make the
+score say how the network reaches the optimum, not only whether it stays there."""
 EVAL_SEED = 1_000_003
 """Seed of the evaluation episodes during training (fixed; they never touch the global generators)."""
 EVAL_PROFILE_SEED = 0x5EED_E7A1
@@ -439,7 +439,7 @@ def train(
     :param eval_hook: called as ``eval_hook(timesteps, fraction_of_oracle)`` after every
         evaluation; a true return stops training (stop reason ``"hook"``; e.g. Optuna pruning).
     :param cold_start: with ``random_profiles``, choose the policy's cold start in the simulator
-        (:func:`automdt.agents.cold_start.choose_cold_start`, about 15 s) and record it as
+        (:func:`automdt.agents.cold_start.choose_cold_start`, a search in the simulator) and record it as
         the metadata's ``start``; a policy trained on one profile starts at its oracle triple.
     :param eval_starts: the start triples of every evaluation (:func:`evaluate`'s ``starts``);
         default: the policy's own start only.
@@ -582,25 +582,24 @@ def shipped_config() -> "PPOConfig":
     The action head (``target``): each stage's next count is chosen among targets anchored on
     what the stages measured (hold, -1, +1, the threads its flow needs, the threads it needs to
     carry its neighbour's flow, each +1, double, x4, the bound, half): any count in one step, the
-    exact one a single choice. Trials of absolute counts (1..32, with and without +-1) ramped in
-    two intervals but settled one or more threads off (a read-bound path at 4-7 readers where 8
-    are needed).
+    exact one a single choice. A head of absolute counts (1..32, with or without +-1) ramps as
+    fast, but a categorical over 32 counts lands near the count a stage needs, not on it.
 
     Why the training reward differs from the scored one (k = 1.02): the reward is the noise-free
     steady-state utility of the triple just chosen (``reward="steady"``), so a full buffer cannot
     hide a stage cut below its need (the measured utility stays high until the buffer drains),
     and neither lumps of chunks nor capacity noise blur what one thread is worth; with k = 1.02
     one surplus thread costs ~0.7% of the utility, so the training base is 1.10, and a cost per
-    changed stage (``change_penalty``) stops swapping between two counts. A 3M-step trial with
-    the measured utility ramped as fast but held 4-7 readers on the issue's path from a wide
-    start; with the steady one it reached 90% within two intervals from every start tried.
-    Selection and every evaluation still use the measured utility at k = 1.02.
+    changed stage (``change_penalty``) stops swapping between two counts. Trained on the measured
+    utility, a policy ramps as fast but may hold a stage below its need after a wide start, while
+    the buffer that start filled hides the shortfall. Selection and every evaluation still use the
+    measured utility at k = 1.02.
 
     What the episodes look like: the engine's chunk effects (``chunk_range``: a chunk is 0.5% to
     60% of the slowest stage's per-thread interval; the lumps, the bytes of threads that were cut,
     the slots busy threads hold), half of them cold starts (1-16 threads, empty buffers), a fifth
-    random, and 30% with the sender buffer 70-100% full and random threads (the drain the shipped
-    policy of before could not see coming).
+    random, and 30% with the sender buffer 70-100% full and random threads (a drain to see coming:
+    a full buffer says an upstream stage was ahead, not that it still is).
     """
     return PPOConfig(
         frame_stack=8,  # eight intervals of history: a probe, its answer and some noise averaging
@@ -620,8 +619,8 @@ def shipped_config() -> "PPOConfig":
 def profile_settings() -> Dict[str, Any]:
     """The :func:`train` arguments of ``automdt train --profile``: fine-tune the shipped default
     (``init_from="default"``, with its :func:`shipped_config`), judged from
-    :data:`PROFILE_EVAL_STARTS`. The default's network already reaches 0.95 of the oracle on most
-    single paths, so training often stops at the first evaluation."""
+    :data:`PROFILE_EVAL_STARTS`. Where the default's network already reaches the target on the
+    profile, training stops at its first evaluation."""
     return {"config": shipped_config(), "init_from": "default", "eval_starts": PROFILE_EVAL_STARTS}
 
 

@@ -1097,7 +1097,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 # Commands that drive a live transfer: their policy inference is one small matrix product per
 # control interval, so numpy's BLAS needs no thread pool (OpenBLAS starts one per core at import,
-# 0.05 CPU-s and a longer import here, taken from the transfer's own threads).
+# which lengthens the import and takes CPU time from the transfer's own threads).
 LIVE_COMMANDS = ("transfer", "receive", "explore", "verify")
 
 

@@ -34,8 +34,9 @@ change measures the change; :func:`_rate_per_busy_thread`);
 the run used (0 or absent: not recorded, a file of an earlier release).
 
 The record also sets the next run's chunk size when ``--chunk-size`` is not given
-(:func:`chunk_size_for`): on a path whose threads move 10 MB/s each, a 4 MiB chunk takes 0.4 s to
-read, and the first bytes reach the destination 0.7 s into the run.
+(:func:`chunk_size_for`): a chunk passes a stage whole, so on a slow path a large chunk holds the
+first bytes back for a good part of the run's first interval (a thread that moves 10 MB/s needs
+0.42 s for a 4 MiB chunk, and the bytes then still have the other two stages to pass).
 """
 from __future__ import annotations
 
@@ -201,12 +202,13 @@ def _rate_per_busy_thread(recs: Sequence[IntervalRecord], window: Sequence[Inter
     ``window`` as it is.
 
     An interval right after the count changed measures the change, not the threads: a chunk's
-    bytes count when it ends, and a thread paced at 10 MB/s holds a 4 MiB chunk for 0.42 s. After
-    a cut from 32 readers to 10 the chunks of the 22 leaving threads end in the next interval, so
-    its bytes per busy thread-second was 18 MB/s on a path of 10; after a raise the new threads are
-    busy before their first chunk counts. On issue 10's warm path a short job's window held such
-    intervals and no other: the run measured 13.8 MB/s per reader and 9.4 per connection, and its
-    next run started at 7 readers for 80 MB/s (10 MB/s each) and 10 connections."""
+    bytes count when it ends, and a thread holds a chunk for ``chunk / rate`` seconds (0.42 s for
+    4 MiB at 10 MB/s). After a cut, the chunks of the leaving threads end in the next interval and
+    count for fewer threads, so the bytes per busy thread-second read well above the threads' rate;
+    after a raise the new threads are busy before their first chunk counts, so they read below it.
+    A short job's window may hold such intervals and no other; a rate read from them would start
+    the next run with too few threads on one stage and too many on another, hence the fallback to
+    the intervals of the whole run that held the count."""
     held = {id(b) for a, b in zip(recs, recs[1:]) if a.threads[stage] == b.threads[stage]}
     for rs in ([r for r in window if id(r) in held], [r for r in recs if id(r) in held and not r.extra.get("tail")], window):
         busy = sum(r.busy_s[stage] for r in rs)
@@ -235,13 +237,14 @@ def start_threads(record: JobRecord) -> Tuple[int, int, int]:
     of its threads given one thread over that.
 
     A run that settled one thread short while a draining buffer hid it (a short job after a probe
-    filled the sender buffer: 7 readers at 10 MB/s each where 80 MB/s came through) starts with
-    the thread it lacked; a stage that waited for others has a high rate per busy thread and keeps
-    its settled count. The thread over is for the run's first second, while the pipeline fills
-    (on issue 10's warm path, 8 readers of 10 MB/s delivered 69 MB/s between 0.5 and 1.0 s, 9
-    readers 77-78: 90% of the 80 MB/s within the first interval). It goes to every fully used
-    stage, not only to one: a stage held by a total limit uses all its threads too (each one's
-    rate is the limit shared), and which of two such stages limits cannot be told from rates."""
+    filled the sender buffer: fewer readers than the throughput needs at their rate, while the
+    buffer made up the difference) starts with the thread it lacked; a stage that waited for
+    others has a high rate per busy thread and keeps its settled count. The thread over is for the
+    run's first second, while the pipeline fills: with exactly the threads the rate needs, the
+    chunks still in flight keep the first interval below the rate, and one thread more makes up for
+    them. It goes to every fully used stage, not only to one: a stage held by a total limit uses
+    all its threads too (each one's rate is the limit shared), and which of two such stages limits
+    cannot be told from rates."""
     out = []
     for settled, rate in zip(record.settled, record.rates_bps):
         if rate <= 0:
@@ -272,11 +275,11 @@ def chunk_size_for(record: JobRecord, default: int, interval_s: float) -> int:
     busy thread, within :data:`FILL_SHARE` of ``interval_s``.
 
     A chunk's bytes move on when the whole chunk is read (then sent, then written), so the first
-    bytes reach the destination after ``chunk * sum(1 / rate)``: on issue 10's warm path (10 MB/s
-    per reader, about 26 per connection and 38 per writer at the settled counts) 0.7 s with 4 MiB
-    chunks, and the job's second run missed 90% of the rate in its first interval in 4 of 5 runs;
-    with 1 MiB chunks 0.18 s. On the paths whose threads move hundreds of MB/s (a local copy, a
-    fast link) a 4 MiB chunk passes in 0.02-0.05 s and the size stays the default.
+    bytes reach the destination after ``chunk * sum(1 / rate)``. Where the threads move tens of
+    MB/s that is most of a second for a 4 MiB chunk, and the run's first interval delivers well
+    below the path's rate; a quarter of the size passes in a quarter of the time. Where they move
+    hundreds of MB/s (a local copy, a fast link) a 4 MiB chunk passes in a few hundredths of a
+    second and the size stays the default.
 
     The last run's own chunk size is kept while it passes within 1.5 times the share and its double
     would not pass within the share divided by 1.5: rates that move a little from run to run do not

@@ -103,7 +103,8 @@ class Session:
         """Planned files still to complete (active or not)."""
         self.n_active = 0
         """Files open and registered with the engine now (kept as a count: the activation limit
-        is checked once per file, and counting 20,000 files each time was quadratic)."""
+        is checked once per file, and counting the files each time would make a large tree's
+        plan quadratic in its file count)."""
         self.took_over: set = set()
         """Sessions this one took files over from (logged once each)."""
         self._listings: Dict[Tuple[str, ...], Optional[AbstractSet[str]]] = {}

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from automdt.simulator.contract import (  # noqa: F401  (re-exported: their old home)
+from automdt.simulator.contract import (  # noqa: F401  (re-exported for importers of this module)
     ABSOLUTE_FIXED,
     ACTION_HEADS,
     ACTION_NAMES,
@@ -131,9 +131,8 @@ class EncodingState:
     interval before and no fewer busy thread-seconds than :data:`BUSY_DROP` of the interval
     before. A chunk's bytes count when it is done but its busy time as it passes, so whenever
     fewer threads keep working (the count was lowered, or a full buffer stopped them), chunks
-    started in the previous interval complete in this one without their earlier busy time: on the
-    engine, 16 -> 8 readers showed 35% more bytes per thread than a reader moves, and a sender
-    buffer filling up under 32 readers showed 50% more bytes per busy reader-second.
+    started in the previous interval complete in this one without their earlier busy time, and
+    the stage's bytes per busy thread-second read well above what a thread moves.
     """
 
     def __init__(self, num_envs: int = 1) -> None:
@@ -376,9 +375,9 @@ def startup_share(S: np.ndarray, R: np.ndarray, chunk: np.ndarray, single_bps: n
     """(N,3): the share of a transfer's first interval in which each stage has data to work on.
 
     The network sends nothing before the first chunk is read (unless the sender buffer already
-    holds data) and the writers write nothing before the first chunk has crossed the network: on
-    the engine's issue path (4 MiB chunks, 10 MB/s per reader) the first interval wrote about half
-    of what the readers read. The wait is a chunk at the upstream stage's speed for one chunk
+    holds data) and the writers write nothing before the first chunk has crossed the network: with
+    large chunks and slow threads the first interval writes well below what the readers read.
+    The wait is a chunk at the upstream stage's speed for one chunk
     (``single_bps``: ``min(TPT, B)``). The caller caps what the network and the writers move in
     that interval at this share of what was available to them.
     """

@@ -27,7 +27,7 @@ from automdt.simulator.dynamics import (
     need_from_encoding,
     utility_arrays,
 )
-from automdt.simulator.pipeline import ObservationEncoder  # noqa: F401  (re-exported: its old home)
+from automdt.simulator.pipeline import ObservationEncoder  # noqa: F401  (re-exported for importers of this module)
 from automdt.simulator.profile import STAGES, Profile
 from automdt.simulator.types import Triple
 
@@ -82,11 +82,10 @@ def action_to_threads(action: Sequence[int] | np.ndarray, current: Sequence[int]
     Why targets anchored on measurements:
 
     * *fast*: any count in one step (the AutoMDT slides' agent predicts the next counts). The step
-      head needed 5 doublings from 1 to 32 threads, so a ramp took 5-7 intervals however well the
-      policy knew the path;
-    * *exact*: the count a stage needs is one choice, computed from what it measured; trials of
-      absolute counts (1..32) ramped as fast but settled one or more threads off (a categorical
-      over 32 counts lands near, not on, a count: 4-7 readers where 8 were needed);
+      head needs 5 doublings from 1 to 32 threads, so its ramp takes at least as many intervals
+      however well the policy knows the path;
+    * *exact*: the count a stage needs is one choice, computed from what it measured; absolute
+      counts (1..32) ramp as fast, but a categorical over 32 counts lands near a count, not on it;
     * *stable*: ``hold`` is exact whatever the count, so a settled policy stays settled, which is
       what makes AutoMDT beat Marlin's oscillating gradient descents; a small per-change cost in
       training (``change_penalty``) makes holding the habit.

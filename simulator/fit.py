@@ -67,7 +67,8 @@ Bytes count when a chunk completes, busy time as it passes. A thread that starte
 has a chunk in progress at its end that it was busy on but whose bytes count in the next
 interval; a thread that ran through the boundary brought as many bytes in as it takes out. So an
 interval after a rise from ``n0`` to ``n`` threads under-reads the per-thread rate by about
-``(n - n0) * chunk / 2`` bytes (on the real engine 5-12% at 1 MiB chunks and 5 MB/s threads).
+``(n - n0) * chunk / 2`` bytes (much of a new thread's share where a chunk is a good part of
+what a thread moves in an interval).
 ``inflight_bytes`` (:meth:`automdt.interval.IntervalRecord.to_sample` fills it in) is added back for the
 medians of per-thread rates over linear samples in steps 2 and 4 only: on a plateau a stage's
 total does not grow with threads, so the top-rate fallback and the capacities of steps 1 and 3

@@ -4,7 +4,7 @@
 /* ---- slot memory kept between pools -------------------------------------------------- *
  * A receiving daemon makes one pool per session. Freeing the slot memory at the end of a
  * session and faulting in fresh memory for the next one costs a page fault and a zeroed
- * page per 4 KiB (256 MiB of staging: 65536 faults, 0.1-0.45 CPU-s here). Released slot
+ * page per 4 KiB (65536 faults for 256 MiB of staging, CPU time the session pays). Released slot
  * memory therefore goes to this process-wide cache, up to the bytes of the largest pool
  * released (at most AMDT_CACHE_MAX), and new slots of the same size come from it. Memory
  * cached longer than AMDT_CACHE_AGE_NS is freed at the next cache access or by

@@ -9,8 +9,8 @@
  * A pool made without data (with_data = 0) holds only the slot records: the sender's
  * zero-copy mode stages (file, offset, length, hash) and leaves the bytes in the page cache,
  * so the byte cap then bounds what was read ahead and not yet sent, without a copy of it.
- * (Transparent huge pages for slots measured no better here: a huge page of memory the host
- * took back costs more to fault in than 512 small ones from the free lists.)
+ * (Slots do not ask for transparent huge pages: a huge page of memory the host took back costs
+ * more to fault in than 512 small ones from the free lists.)
  *
  * Producers (sender readers, receiver connections) take a free slot with amdt_pool_get(),
  * fill it and queue it with amdt_pool_push(); consumers (sender network threads, receiver

@@ -353,8 +353,8 @@ done:
  * add order) that have chunks left, as many as the wider of the read and network stages has
  * threads, at most AMDT_FILES_AT_ONCE_MAX (amdt_sender_cfg.files_at_once=N: N), so that the chunks in
  * flight belong to several files and the receiver's write threads work on different files:
- * buffered writes to one file serialise on its inode lock, where a waiting writer spins (8-10%
- * of a receiver's CPU between two namespaces with 4 write threads on one file). One thread per
+ * buffered writes to one file serialise on its inode lock, where a waiting writer spins and
+ * burns the receiver's CPU. One thread per
  * stage keeps add order. Drops failed and exhausted files from the queue on the way. Caller
  * holds s->mu. */
 static amdt_sfile *amdt_pick_file_locked(amdt_sender *s)

@@ -300,12 +300,12 @@ amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes)
      * two reservations. A clock that fell behind by less than AMDT_THROTTLE_SLACK_NS keeps its
      * schedule for the time the worker spent working since (the thread catches up), not for the
      * time it spent waiting for work or room: each chunk's work would otherwise come on top of
-     * its paced time (two writers throttled to 40 MB/s each wrote 73 MB/s in all on tmpfs), and
+     * its paced time (throttled threads together would fall short of their rates), and
      * a stage starved for a while does not burst. The slack bounds any catch-up to slack * rate
      * bytes. Every loop turn of a worker passes through a waiting state, so the time is
      * counted, not flagged. Only the thread's own clock catches up: the stage's clock falls
-     * behind when no thread reserves, and crediting it with each thread's working time let a
-     * stage total run over its limit (92.5 MB/s in an interval of an 80 MB/s read total). */
+     * behind when no thread reserves, and crediting it with each thread's working time would let
+     * a stage's total run over its limit. */
     uint64_t waited = __atomic_exchange_n(&w->thr_wait_ns, 0, __ATOMIC_RELAXED);
     if (w->thr_next_ns < now && now - w->thr_next_ns < AMDT_THROTTLE_SLACK_NS &&
         w->thr_next_ns + waited < now)

@@ -120,11 +120,11 @@ void amdt_throttle_wait(amdt_worker *w, amdt_pace pace);
 
 /* A throttled stage's read and write threads release a chunk's bytes in steps of this many
  * across the chunk's reserved window, and count each step once done, rather than all at the
- * window's end: a throttle plays a device that delivers bytes as it goes. Counted per chunk, 8
- * readers at 10 MB/s with 4 MiB chunks (0.42 s each) that started together read 67 or 100 MB/s
- * an interval by turns on an 80 MB/s path, and a thread added to a stage showed nothing for
- * 0.42 s. The reservation stays one per chunk, so chunks still take a stage's total rate in
- * turn. Unthrottled stages keep one step per chunk. */
+ * window's end: a throttle plays a device that delivers bytes as it goes. Counted per chunk,
+ * readers that started together would deliver in lumps (an interval over the stage's total
+ * limit, the next under it), and a thread added to a stage would show nothing for a whole
+ * chunk's window (0.42 s for 4 MiB at 10 MB/s). The reservation stays one per chunk, so chunks
+ * still take a stage's total rate in turn. Unthrottled stages keep one step per chunk. */
 #define AMDT_THROTTLE_STEP (1024 * 1024)
 
 /* Whether the stage has a rate limit now (read without its lock: a limit set in the middle of

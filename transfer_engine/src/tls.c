@@ -203,8 +203,8 @@ amdt_tls *amdt_tls_new(int server, const uint8_t *key, int batch, char *err, siz
         SSL_CTX_set_psk_find_session_callback(t->ctx, amdt_psk_find);
         SSL_CTX_set_num_tickets(t->ctx, 0); /* the sender never reads: no tickets to pile up */
         /* Read ahead into OpenSSL's default buffer (one record and a bit): one read() per
-         * record instead of two (its header, then its body). A large buffer measured slower:
-         * OpenSSL moves what is left behind each record back to the buffer's start. */
+         * record instead of two (its header, then its body). A large buffer is slower: OpenSSL
+         * moves what is left behind each record back to the buffer's start. */
         if (t->batch)
             SSL_CTX_set_read_ahead(t->ctx, 1);
     } else {
