@@ -95,8 +95,11 @@ EVAL_PROFILE_SEED = 0x5EED_E7A1
 class PPOConfig:
     """PPO hyperparameters (stable-baselines3 names), chosen for speed on a few CPU cores.
 
-    The network is tiny (the observation has 14 numbers, the action 3 x 5 choices), so a rollout
-    of many batched environments and a few large minibatch epochs is the cheap way to spend CPU.
+    The network is small: two hidden layers of 64 by default; its input is ``frame_stack`` frames,
+    each the :data:`~automdt.simulator.contract.OBS_DIM` numbers of the encoding plus the derived
+    ``features``; its output is one of a handful of choices per stage
+    (:func:`~automdt.simulator.contract.action_nvec` of ``action_head``). A rollout of many batched
+    environments and a few large minibatch epochs is the cheap way to spend CPU on it.
     """
 
     num_envs: int = 128
@@ -116,7 +119,7 @@ class PPOConfig:
     clip_range: float = 0.2
     """PPO ratio clip."""
     ent_coef: float = 0.01
-    """Entropy bonus (keeps exploring the 5 per-stage choices early on)."""
+    """Entropy bonus (keeps exploring every stage's choices early on)."""
     anneal: bool = False
     """Decay the learning rate linearly to 10% and the entropy bonus to 0 over the timestep budget,
     so that late updates settle fine details (an extra thread costs ~0.7% of the utility)."""
@@ -254,7 +257,7 @@ class TrainReport:
     per_profile_fraction: Dict[str, float]
     reached_target: bool
     stop_reason: str
-    """``"target"``, ``"timesteps"`` or ``"max_seconds"``."""
+    """``"target"``, ``"hook"``, ``"max_seconds"`` or ``"timesteps"``."""
     best_timesteps: int
     """Timesteps at which the saved network was evaluated."""
     wall_s_to_target: Optional[float]

@@ -282,9 +282,11 @@ def chunk_size_for(record: JobRecord, default: int, interval_s: float) -> int:
     second and the size stays the default.
 
     The last run's own chunk size is kept while it passes within 1.5 times the share and its double
-    would not pass within the share divided by 1.5: rates that move a little from run to run do not
-    change the size back and forth (a partial file's journal is bound to one chunk size; a run that
-    changes it sends that file again from its start)."""
+    would not pass within the share divided by 1.5, so that rates that move a little from run to
+    run do not change the size back and forth. A change costs a resume little: a partial file's
+    journal serves any chunk size (:mod:`automdt.journal`), so a smaller size sends nothing
+    journaled again, and a larger one only the chunks of the new size that a gap in the journaled
+    ranges cuts."""
     per_byte = sum(1.0 / r for r in record.rates_bps if r > 0)
     if per_byte <= 0:
         return int(default)
