@@ -1,8 +1,9 @@
 """Exit codes and the one exception type that carries them.
 
 The numbering follows rclone's 0-10 where the meaning fits, then AutoMDT's own from 11
-(see the README, "Exit codes"). Every user-facing failure is an :class:`AutomdtError`: the CLI
-prints its message on one line and exits with its code, never with a traceback.
+(``docs/exit-codes.md``, or ``automdt exit-codes``). Every user-facing failure is an
+:class:`AutomdtError`: the CLI prints its message on one line and exits with its code, never with
+a traceback.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One control interval of a live transfer, as the controller measured it: :class:`IntervalRecord`.
 
 The controller (:mod:`automdt.controller`) makes one record per interval; it is a line of the
-interval log (``--log``, format in the README), the input of the job history
+interval log (``--log``, format in ``docs/formats/interval-log.md``), the input of the job history
 (:func:`automdt.history.record_from_intervals`), of exploration's profile-fitting samples
 (:meth:`IntervalRecord.to_sample`, read by :mod:`automdt.simulator.fit` and written by
 :func:`automdt.simulator.profile.write_samples`) and of the experiments' tables
@@ -78,7 +78,7 @@ class IntervalRecord:
     extra: Dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> Dict[str, Any]:
-        """The interval log's JSON object (README, "The interval log")."""
+        """The interval log's JSON object (``docs/formats/interval-log.md``)."""
         d: Dict[str, Any] = {
             "t": self.t,
             "threads": _stages(self.threads),

@@ -10,7 +10,7 @@ the textfile a cron/systemd transfer leaves for node_exporter.
   atomically (temporary file, then rename) by :func:`prometheus_client.write_to_textfile`.
 
 Names follow the Prometheus conventions: base units (bytes, seconds), ``_total`` on counters.
-The list is in the README ("Metrics").
+The list is in ``docs/operator-guide.md`` ("Monitoring: Prometheus metrics").
 """
 from __future__ import annotations
 

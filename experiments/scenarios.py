@@ -54,7 +54,8 @@ import numpy as np
 from automdt.simulator.profile import STAGES, Profile, StageProfile
 
 MB = 1_000_000
-"""Throttles and rates are in SI units (the CLI's ``M``), like the README's throttle spec."""
+"""Throttles and rates are in SI units (the CLI's ``M``), as ``--throttle`` takes them
+(``docs/cli.md``, "Sizes and rates")."""
 MiB = 1 << 20
 
 DEFAULT_MEMORY = 128 * MiB

@@ -1,7 +1,8 @@
 """The many-senders load script, small: N concurrent `automdt transfer` processes (each its own
 session and policy) into one `automdt receive`; every tree identical, the daemon's memory within
 its caps, Jain's index reported, the daemon still serving afterwards. The 32-sender figure is
-``scripts/load_many_senders.py`` with its defaults (README)."""
+``scripts/load_many_senders.py`` with its defaults (``benchmarks/results/scale.json``, shown in
+``docs/benchmarks.md``)."""
 import json
 import os
 import subprocess

@@ -1,7 +1,8 @@
 """A short run of the coverage-guided fuzzers (atheris) of the receiver's control messages and data
 frames: no finding (crash, hang, internal error, write outside the root), the daemon still
 completes a normal transfer at every checkpoint, and coverage grows beyond the seed inputs.
-The 10^6-input run is ``scripts/fuzz_receiver.py`` (figures in the README)."""
+The 10^6-input run is ``scripts/fuzz_receiver.py`` (figures in ``benchmarks/results/scale.json``,
+shown in ``docs/benchmarks.md``)."""
 import json
 import os
 import subprocess
