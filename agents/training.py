@@ -26,6 +26,7 @@ machine's core count. This module imports neither torch nor stable-baselines3 un
 from __future__ import annotations
 
 import csv
+import functools
 import logging
 import os
 import platform
@@ -447,12 +448,6 @@ def train(
     :param eval_starts: the start triples of every evaluation (:func:`evaluate`'s ``starts``);
         default: the policy's own start only.
     """
-    import torch as th
-    from stable_baselines3.common.callbacks import CallbackList
-
-    from automdt.agents import callbacks as cbs
-    from automdt.agents import ppo_sb3
-
     cfg = config or PPOConfig()
     if num_envs is not None:
         cfg = cfg.replace(num_envs=int(num_envs))
@@ -470,15 +465,76 @@ def train(
     model_path, meta_path, csv_path, png_path = _out_paths(out)
     model_path.parent.mkdir(parents=True, exist_ok=True)
 
+    score = functools.partial(evaluate, profiles=eval_profiles, k=env.k, steps=eval_steps, seed=EVAL_SEED,
+                              starts=eval_starts)
+    run = _learn(profile, env, cfg, seed, init_from, timesteps, score, eval_every=eval_every,
+                 select_from=select_from, target_fraction=target_fraction, max_seconds=max_seconds,
+                 progress=progress, tensorboard_log=tensorboard_log, eval_hook=eval_hook)
+    model, evals = run.model, run.evals
+
+    weight_names = _save_network(run, model_path)
+    start = _policy_start(profile, env.k, random_profiles, cold_start, model.policy, cfg)
+    meta = training_metadata(
+        profile, env, cfg, seed=seed, start=start, weight_names=weight_names, init_from=init_from,
+        init_sha256=None if run.init is None else run.init.metadata.get("sha256"), timesteps=int(model.num_timesteps),
+        timesteps_budget=timesteps, evals=evals, wall_s=run.wall_s, stop_reason=run.stop_reason,
+        target_fraction=target_fraction, select_from=select_from, eval_profiles=eval_profiles, eval_steps=eval_steps,
+        model_sha256=ppo_mod.sha256_file(model_path),
+    )
+    ppo_mod.write_policy_metadata(model_path, meta)
+    _write_curve(evals.curve, csv_path, png_path, target_fraction,
+                 title=("random profiles" if random_profiles else "one profile") + f", seed {seed}")
+    if run.tensorboard is not None:
+        run.tensorboard.close()
+    model.get_env().close()
+    assert evals.best_eval is not None
+    return TrainReport(
+        model_path=model_path, metadata_path=meta_path, curve_csv=csv_path, curve_png=png_path,
+        timesteps=int(model.num_timesteps), wall_s=run.wall_s, fraction_of_oracle=float(evals.best_fraction),
+        per_profile_fraction=dict(evals.best_eval["per_profile"]),
+        reached_target=target_fraction is not None and evals.best_fraction >= target_fraction,
+        stop_reason=run.stop_reason, best_timesteps=int(evals.best_timesteps), wall_s_to_target=evals.target_wall_s,
+        curve=tuple(evals.curve), metadata=meta,
+    )
+
+
+@dataclass(frozen=True)
+class _Learned:
+    """What :func:`_learn` hands to the writing steps of :func:`train`."""
+
+    model: Any
+    """The SB3 ``PPO`` model after ``learn`` (its network is the last one, not yet the kept one)."""
+    init: Any
+    """The :class:`~automdt.agents.ppo.PPOPolicy` training started from (None: a random network)."""
+    evals: Any
+    """The :class:`automdt.agents.callbacks.OracleEvalCallback`: the kept network and the curve."""
+    tensorboard: Any
+    """The TensorBoard logger (None without ``tensorboard_log``); closed after the curve is written."""
+    wall_s: float
+    stop_reason: str
+    """``"target"``, ``"hook"``, ``"max_seconds"`` or ``"timesteps"``."""
+
+
+def _learn(profile: Profile, env: EnvSettings, cfg: PPOConfig, seed: int,
+           init_from: Optional[Union[str, os.PathLike]], timesteps: int, score: Any, *, eval_every: int,
+           select_from: float, target_fraction: Optional[float], max_seconds: Optional[float], progress: bool,
+           tensorboard_log: Optional[Union[str, os.PathLike]], eval_hook: Optional[Any]) -> _Learned:
+    """The seeded model (:func:`make_model`) trained for ``timesteps`` with the callbacks: evaluation
+    by ``score`` with its children (:func:`_eval_callback`), the wall-time limit, entropy annealing
+    and the progress bar. Torch's thread count is restored afterwards, however training ends."""
+    import torch as th
+    from stable_baselines3.common.callbacks import CallbackList
+
+    from automdt.agents import callbacks as cbs
+
     old_threads = th.get_num_threads()
     bar = None
     try:
         model, init = make_model(profile, env, cfg, seed, init_from)
         started = time.perf_counter()
-        evals, tensorboard = _eval_callback(
-            lambda policy: evaluate(policy, eval_profiles, k=env.k, steps=eval_steps, seed=EVAL_SEED, starts=eval_starts),
-            eval_policy_metadata(profile, cfg), eval_every, select_from * timesteps, started, target_fraction,
-            tensorboard_log, eval_hook)
+        evals, tensorboard = _eval_callback(score, eval_policy_metadata(profile, cfg), eval_every,
+                                            select_from * timesteps, started, target_fraction, tensorboard_log,
+                                            eval_hook)
         wall = None if max_seconds is None else cbs.StopTrainingOnWallTime(max_seconds, started)
         anneal = cbs.AnnealEntropy(cfg.ent_coef, timesteps) if cfg.anneal else None
         bar = cbs.RichProgressCallback(timesteps, evals) if progress else None
@@ -492,34 +548,20 @@ def train(
         th.set_num_threads(old_threads)
     wall_s = time.perf_counter() - started
     stop_reason = evals.stop_reason or ("max_seconds" if timed_out else "timesteps")
+    return _Learned(model=model, init=init, evals=evals, tensorboard=tensorboard, wall_s=wall_s,
+                    stop_reason=stop_reason)
 
-    model.policy.load_state_dict(evals.best_state)
-    model.save(model_path)
-    weight_names = ppo_sb3.write_numpy_weights(model_path, model.policy)
+
+def _save_network(run: _Learned, model_path: Path) -> List[str]:
+    """Write the kept network (the best one evaluated) to ``model_path`` as an SB3 zip with its
+    numpy weights, mode 0644; returns the weights' names."""
+    from automdt.agents import ppo_sb3
+
+    run.model.policy.load_state_dict(run.evals.best_state)
+    run.model.save(model_path)
+    weight_names = ppo_sb3.write_numpy_weights(model_path, run.model.policy)
     os.chmod(model_path, 0o644)
-    start = _policy_start(profile, env.k, random_profiles, cold_start, model.policy, cfg)
-    meta = training_metadata(
-        profile, env, cfg, seed=seed, start=start, weight_names=weight_names, init_from=init_from,
-        init_sha256=None if init is None else init.metadata.get("sha256"), timesteps=int(model.num_timesteps),
-        timesteps_budget=timesteps, evals=evals, wall_s=wall_s, stop_reason=stop_reason,
-        target_fraction=target_fraction, select_from=select_from, eval_profiles=eval_profiles, eval_steps=eval_steps,
-        model_sha256=ppo_mod.sha256_file(model_path),
-    )
-    ppo_mod.write_policy_metadata(model_path, meta)
-    _write_curve(evals.curve, csv_path, png_path, target_fraction,
-                 title=("random profiles" if random_profiles else "one profile") + f", seed {seed}")
-    if tensorboard is not None:
-        tensorboard.close()
-    model.get_env().close()
-    assert evals.best_eval is not None
-    return TrainReport(
-        model_path=model_path, metadata_path=meta_path, curve_csv=csv_path, curve_png=png_path,
-        timesteps=int(model.num_timesteps), wall_s=wall_s, fraction_of_oracle=float(evals.best_fraction),
-        per_profile_fraction=dict(evals.best_eval["per_profile"]),
-        reached_target=target_fraction is not None and evals.best_fraction >= target_fraction,
-        stop_reason=stop_reason, best_timesteps=int(evals.best_timesteps), wall_s_to_target=evals.target_wall_s,
-        curve=tuple(evals.curve), metadata=meta,
-    )
+    return weight_names
 
 
 def make_model(profile: Profile, env: EnvSettings, config: PPOConfig, seed: int,
