@@ -21,7 +21,7 @@ import zmq
 
 from automdt import errors, interrupts, protocol
 from automdt.agents.static import StaticPolicy
-from automdt.controller import Controller
+from automdt.controller import Controller, ControllerSettings
 from automdt.errors import AutomdtError, Interrupted
 from automdt.interval import IntervalRecord
 from automdt.manifest import Manifest, file_digest, scan, shard_manifest
@@ -141,6 +141,10 @@ class TransferOptions:
     """``--threads`` given with a policy: the counts the policy starts from (:mod:`automdt.start`)."""
     history: Any = None
     """The job's :class:`automdt.history.JobRecord` (its last run), for the start; None: none or off."""
+    controller_settings: Optional[ControllerSettings] = None
+    """How the controller treats the edges of the run (:class:`automdt.controller.ControllerSettings`:
+    early intervals, end hold, warm hold); None: the defaults, what ``automdt transfer`` runs.
+    Experiments and benchmarks set it to measure what each edge is worth."""
 
 
 @dataclass
@@ -734,7 +738,8 @@ class _Transfer:
             self.want_write = t[2]
 
         ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file,
-                                            write_max=self.receiver_max_threads, **self._start())
+                                            write_max=self.receiver_max_threads, settings=self.o.controller_settings,
+                                            **self._start())
         if self.clock is not None or any(any(v) for v in self.limits.values()):
             from automdt.throttle import format_throttle
 

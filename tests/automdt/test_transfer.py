@@ -400,3 +400,23 @@ def test_demo_and_default_policy_transfer(tmp_path):
                 "--keep"], capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr
     assert same(str(d / "src"), str(d / "dst"))[0]
+
+
+def test_transfer_options_carry_the_controller_settings(make_tree, tmp_path):
+    """``TransferOptions.controller_settings`` reaches the run's controller: the interval log's
+    start record shows the settings given (no early intervals, no holds), and the defaults
+    without them."""
+    from automdt.agents.registry import make_policy
+    from automdt.controller import ControllerSettings
+
+    src = make_tree({"f": 3 * CHUNK})
+    off = ControllerSettings(early_intervals=(), end_hold=False, warm_hold=False)
+    for i, settings in enumerate((None, off)):
+        log = tmp_path / f"log{i}.jsonl"
+        opts = TransferOptions(policy=make_policy("ppo", max_threads=8), threads=(1, 1, 1), chunk_size=CHUNK,
+                               max_threads=8, log_path=str(log), controller_settings=settings)
+        assert run_transfer(src, str(tmp_path / f"dst{i}"), opts).exit_code == 0
+        shown = json.loads(log.read_text().splitlines()[0])["controller"]
+        want = (settings or ControllerSettings()).to_dict()
+        assert {k: shown[k] for k in want} == want
+        assert (shown["early_intervals_s"] == []) == (settings is off)
