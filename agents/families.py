@@ -37,11 +37,17 @@ class Episode:
     chunk_bytes: float = MiB
 
     def profile_at(self, step: int) -> Profile:
-        prof = self.profile
-        for at, p in self.events:
-            if step >= at:
-                prof = p
-        return prof
+        return profile_at(self.profile, self.events, step)
+
+
+def profile_at(first: Profile, events: Sequence[Tuple[int, Profile]], step: int) -> Profile:
+    """The profile in force during interval ``step`` (0-based) of a path that starts as ``first``
+    and changes at the intervals of ``events``."""
+    prof = first
+    for at, p in events:
+        if step >= at:
+            prof = p
+    return prof
 
 
 def _logu(rng: np.random.Generator, lo: float, hi: float) -> float:

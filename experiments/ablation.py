@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from automdt.agents.families import profile_at
 from automdt.simulator.profile import Profile, StageProfile, capacity_array
 from automdt.simulator.oracle import oracle
 
@@ -76,11 +77,7 @@ class Case:
 
     def profile_at(self, step: int) -> Profile:
         """The profile in force during interval ``step`` (0-based)."""
-        prof = self.profile
-        for at, p in self.events:
-            if step >= at:
-                prof = p
-        return prof
+        return profile_at(self.profile, self.events, step)
 
     def describe(self) -> Dict[str, Any]:
         def stages(p: Profile) -> Dict[str, Any]:
