@@ -185,11 +185,16 @@ def best_static(case: Case) -> Tuple[int, int, int]:
 
 def make_controller(label: str, case: Case) -> Any:
     """The policy object for ``label`` on ``case`` (``default`` is what ``automdt transfer``
-    runs with no ``--policy``; ``best-static`` the case's best fixed triple)."""
+    runs with no ``--policy``; ``best-static`` the case's best fixed triple; ``residual`` the
+    learned residual of :mod:`automdt.experiments.residual`)."""
     from automdt.agents.registry import make_policy
     from automdt.agents.static import StaticPolicy
 
     m = case.profile.max_threads
+    if label == "residual":  # the learned residual on the capacity controller (experiments/residual.py)
+        from automdt.experiments.residual import ResidualPolicy
+
+        return ResidualPolicy(max_threads=m)
     if label == "best-static":
         return StaticPolicy(*best_static(case), name="best-static", max_threads=m)
     if label == "default":
@@ -440,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from automdt.agents.registry import check_spec
 
         for lab in labels:
-            if lab not in ("default", "best-static"):
+            if lab not in ("default", "best-static", "residual"):
                 try:
                     check_spec(lab)
                 except ValueError as e:

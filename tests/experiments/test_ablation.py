@@ -101,3 +101,32 @@ def test_the_command_writes_results_and_tables(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "automdt.experiments", "ablation", "--quick", "--controllers", "nope"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "nope" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_residual_starts_from_the_base_controller_and_trains(tmp_path):
+    """With "keep" chosen on every stage the residual runs exactly the capacity controller under
+    the shield; a short training run writes a network the ablation can run."""
+    from automdt.agents.capacity import CapacityPolicy
+    from automdt.agents.shield import Shield
+    from automdt.experiments import residual as R
+
+    assert R.apply_residual((8, 3, 1), (R.KEEP,) * 3, 32) == (8, 3, 1)
+    assert R.apply_residual((8, 3, 1), (0, 1, 4), 32) == (6, 2, 1)
+    case = A.held_out_cases(2, families=["moving"])[1]
+
+    class Keep(R.ResidualPolicy):
+        def __init__(self, max_threads=32):
+            self.agent = R.Agent()
+            self.agent.reset(max_threads)
+
+        def act(self, obs):
+            self.agent.observe(obs)
+            return self.agent.choose((R.KEEP,) * 3)
+
+    keep = A.run_case(case, "keep", 0, lambda lab, c: Keep(c.profile.max_threads))
+    base = A.run_case(case, "base", 0, lambda lab, c: Shield(CapacityPolicy(max_threads=c.profile.max_threads),
+                                                             c.profile.max_threads))
+    assert keep["fraction"] == base["fraction"] and keep["mean_threads"] == base["mean_threads"]
+    out = R.train(256, str(tmp_path / "r.zip"), num_envs=4)
+    row = A.run_case(case, "residual", 0, lambda lab, c: R.ResidualPolicy(out, c.profile.max_threads))
+    assert 0.0 < row["fraction"] < 1.5
