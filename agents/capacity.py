@@ -188,6 +188,8 @@ class CapacityPolicy:
     """
 
     name = "capacity"
+    asked_in_tail = True
+    """It acts in a run's tail too: the writers that drain the buffers are sized from their own counters."""
     start_source = "policy"
     """It takes a start (:func:`automdt.start.takes_start`): a job's history, or :attr:`start_threads`."""
 

@@ -44,6 +44,7 @@ class Fallback:
     failing: every stage gets the threads for ``1 + HEADROOM`` times the best held rate."""
 
     name = "fallback"
+    asked_in_tail = True
 
     def __init__(self, max_threads: int = 32) -> None:
         self.reset(max_threads)

@@ -40,11 +40,15 @@ class ControllerSettings:
     :param end_hold: hold the counts while what is left to write would be written within one
         interval (the change could not pay back what it costs).
     :param warm_hold: hold a start from the job's history until the pipeline delivers.
+    :param tail_hold: hold the counts once the source is read to the end, for policies that do not
+        say they act there (``asked_in_tail``: the capacity controller and the shield's fallback
+        do; a learned policy never saw a source that has ended).
     """
 
     early_intervals: Tuple[float, ...] = (0.5, 0.5)
     end_hold: bool = True
     warm_hold: bool = True
+    tail_hold: bool = True
 
     def to_dict(self) -> Dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -196,11 +200,13 @@ class Controller:
         so the log covers the whole run even when its end moved faster than one interval.
 
         In the run's tail (:attr:`tail`: every byte of the source has been read; what is left
-        drains from the staging buffers) the counts hold and the record carries ``"tail": true``:
-        the readers have nothing left to read, so what the interval measures is not a path any
-        policy models, and only the buffers' contents are left to move. A dataset that fits in the
-        staging buffers is read in the first interval, so its whole run is tail (the ``start``
-        record says so). The counts hold the same way a little earlier, while what is left to
+        drains from the staging buffers) the record carries ``"tail": true``, and the counts hold
+        unless the policy says it acts there (``asked_in_tail``; ``tail_hold`` of
+        :class:`ControllerSettings`): the readers have nothing left to read, so what the interval
+        measures is not a path a learned policy has seen, while a controller that fits each stage
+        from its own counters still sizes the writers that drain the buffers. A dataset that fits
+        in the staging buffers is read in the first interval, so its whole run is tail (the
+        ``start`` record says so). The counts hold a little earlier, while what is left to
         *write* (:attr:`to_deliver`) would be written within one ``interval_s`` at this interval's
         write rate (``"ending": true``; ``end_hold`` of :class:`ControllerSettings`): a change then
         has no time to pay back what it costs, since new threads start with an empty pipeline."""
@@ -212,11 +218,15 @@ class Controller:
         ending = (self.end_hold and self.to_deliver is not None and obs.throughput_bps[2] > 0
                   and self.to_deliver < obs.throughput_bps[2] * self.interval_s)
         ann = dict(self.annotations)
+        held_tail = self.tail and self.settings.tail_hold and not getattr(self.policy, "asked_in_tail", False)
+        if self.tail and not final:
+            ann["tail"] = True
         if final:
             new = obs.threads
-        elif self.tail or ending:
+        elif held_tail or ending:
             new = self.threads
-            ann["tail" if self.tail else "ending"] = True
+            if ending and not self.tail:
+                ann["ending"] = True
         else:
             new = self._ask(obs, ann)
             if self._warm and (delivered == 0 or now - self._t_base < self.interval_s - 1e-3):

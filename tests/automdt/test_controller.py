@@ -186,7 +186,7 @@ def test_early_intervals_are_on_by_default_never_for_baselines_and_set_by_the_se
     c = Controller(_PPOish(), lambda t: None, interval_s=1.0, log_file=log, settings=none)
     c.start()
     assert json.loads(log.getvalue())["controller"] == {"early_intervals": [], "end_hold": True, "warm_hold": True,
-                                                         "early_intervals_s": []}
+                                                         "tail_hold": True, "early_intervals_s": []}
 
 
 def test_the_tail_holds_the_counts_and_is_marked():
@@ -308,3 +308,31 @@ def test_what_the_policy_says_of_its_choice_goes_to_the_log():
     c.tick(_stats(2.0, 2 << 20, 0, 0), _rx(2 << 20), now=12.0)
     lines = [json.loads(x) for x in log.getvalue().splitlines()[1:]]
     assert lines[0].get("guard") is None and lines[1]["guard"] == "raise"
+
+
+def test_a_policy_that_acts_in_the_tail_is_asked_there_others_hold():
+    """The tail (the source read, the buffers draining) holds the counts of a policy that does not
+    say it acts there; one that does (the capacity controller, under the shield too) is asked, and
+    its records still say ``"tail": true``."""
+    from automdt.agents.registry import make_policy
+    from automdt.controller import ControllerSettings
+
+    class InTail(Recorder):
+        asked_in_tail = True
+
+    for pol, asked in ((Recorder(), False), (InTail(), True)):
+        c = Controller(pol, lambda t: None, interval_s=1.0, max_threads=8)
+        c.start()
+        c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
+        c.tail = True
+        rec = c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20), now=11.0)
+        assert rec.extra["tail"] is True and (len(pol.seen) == 1) == asked
+    pol = Recorder()  # with tail_hold off every policy is asked there
+    c = Controller(pol, lambda t: None, interval_s=1.0, max_threads=8, settings=ControllerSettings(tail_hold=False))
+    c.start()
+    c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
+    c.tail = True
+    c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20), now=11.0)
+    assert len(pol.seen) == 1
+    assert getattr(make_policy("default", 8), "asked_in_tail", False)
+    assert not getattr(make_policy("shield:marlin", 8), "asked_in_tail", False)
