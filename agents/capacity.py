@@ -4,33 +4,33 @@ The engine counts, per stage, the bytes moved and the thread-seconds spent busy.
 rate of one busy thread, so ``n * bytes / busy`` is what the stage's ``n`` threads carry when they
 all work: its capacity at ``n``, measured in every interval, whether or not the stage limited the
 transfer, with no isolation probe (the model-based controller of Jung et al. probes each stage in
-turn instead). A stage that was busy all the interval (``BUSY``) measured its capacity exactly; a
-stage that waited on a buffer measured it as an upper bound (a total limit binds only when the
-threads press on it).
+turn instead). A stage busy for :data:`BUSY` of its thread-seconds measured its capacity exactly; a
+stage that waited on a buffer measured an upper bound (a total limit binds only when the threads
+press on it). An interval in which a stage's count changed is not a sample of it: the engine counts
+a chunk when it is done, so threads that just started have nothing counted yet and threads that
+left add the chunks they finished.
 
-An interval in which a stage's count changed is not a sample of it: the engine counts a chunk when
-it is done, so threads that just started have nothing counted yet and threads that left add the
-chunks they finished. Each stage keeps a table of capacities by thread count: recent intervals,
-smoothed, forgotten after
-:data:`MEMORY` intervals, and dropped when a count measures far from what it measured before (the
-path changed). Between measured counts the curve is interpolated. Above the largest measured count
-it is flat when that count showed saturation (its rate per thread well below the stage's best, or
-no more than a smaller count carried), otherwise it rises at the best rate per thread up to
-:data:`GROW` times that count (or :data:`PROBE` times it when the stage saturated before but that
-evidence has aged): optimism that makes the controller explore upward until it sees the plateau.
-Between two measured counts the curve keeps the smaller count's rate per thread until it reaches
-the larger count's capacity (the shape of ``min(n tpt, B)``): optimism that makes it try fewer
-threads, and a measurement corrects it where contention makes the truth lower. Below the smallest
-measured count the curve keeps that count's rate per thread, unless the next count carried no more
-(a plateau or contention): then, down to :data:`PROBE` times fewer threads, it keeps that count's
-capacity or the rise that the fall from the next count suggests, so fewer threads are tried, a step
-(at least one thread) at a time.
+Each stage keeps its samples by thread count (forgotten after :data:`MEMORY` intervals, all dropped
+when a count measures :data:`CHANGE` away from what it carried before: the path changed) and
+builds a capacity curve from them:
 
-Every interval the controller solves the model: among the rates ``R`` the curves can carry, the one
-that maximises the utility ``R * sum_i K^-n_i(R)`` with ``n_i(R)`` the fewest threads of stage
-``i`` carrying ``R``, plus a margin for the measured noise (:data:`MARGIN` to :data:`MAX_MARGIN`)
-on every stage but the one whose plateau is lowest, as the oracle does with known curves. It keeps the current counts unless the solution's predicted utility is
-:data:`HYSTERESIS` better.
+* where ``c(n) = min(a n, B)`` fits the counts' means within the measured noise, that line (a
+  plateau ``B`` needs exact counts that carry clearly less than the line: threads sharing a total
+  limit); without a plateau the line rises up to :data:`GROW` times the largest count;
+* otherwise (contention, a link shared with another transfer) the samples themselves: between two
+  counts the smaller count's rate per thread up to the larger count's capacity (optimism that tries
+  fewer threads; a measurement corrects it), below the smallest count a step down (at least one
+  thread, down to :data:`PROBE` times fewer) when the next count carried no more, and above the
+  largest count the last measured rise per thread, up to :data:`GROW` times that count while no
+  plateau was seen and :data:`PROBE` times it after (optimism that explores upward until the
+  plateau shows). A count measured rarely counts :data:`OPTIMISM` standard errors above its mean
+  when the controller looks for the fewest threads that carry a rate.
+
+Every interval the controller solves the curves as the oracle does with known ones: among the
+rates ``R`` they can carry, the one that maximises the utility ``R * sum_i K^-n_i(R)``, with
+``n_i(R)`` the fewest threads of stage ``i`` carrying ``R`` plus a margin of its measured noise
+(:data:`MARGIN` to :data:`MAX_MARGIN`) on every stage but the one whose plateau is lowest. It keeps
+the current counts unless the solution's predicted utility is :data:`HYSTERESIS` better.
 """
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ MEMORY = 80
 GROW = 4.0
 """Exploration above the largest measured count reaches this multiple of it (no plateau seen)."""
 PROBE = 1.25
-"""Exploration above the largest measured count once an old plateau has aged (at least +1)."""
+"""Exploration step above the largest measured count once a plateau was seen, and below the
+smallest one when counts are level (at least one thread)."""
 CHANGE = 0.4
 """A sample this far (relative) from its count's remembered capacity means the path changed."""
 MARGIN = 0.03
@@ -66,7 +67,8 @@ START = (8, 8, 8)
 
 class _Stage:
     """The capacity samples of one stage by thread count: ``{threads: [[capacity bytes/s, age],
-    ...]}``, whether any of them was exact, and the relative noise of repeated samples."""
+    ...]}``, whether any of them was exact, the relative noise of repeated samples, and the
+    intervals since a plateau was last seen (``None``: never)."""
 
     def __init__(self) -> None:
         self.table: Dict[int, List[List[float]]] = {}
