@@ -403,3 +403,21 @@ def test_stateful_features_need_a_state():
         add_features(np.zeros(OBS_DIM, np.float32), ("noise_level",), 32)
     with pytest.raises(ValueError, match="unknown policy feature"):
         add_features(np.zeros(OBS_DIM, np.float32), ("nope",), 32)
+
+
+def test_shipped_files_are_consistent():
+    import hashlib
+    import json
+
+    from automdt.agents.ppo import default_policy_path, load_policy
+
+    ppo = load_policy("ppo")
+    path = default_policy_path()
+    meta = json.loads(path.with_name(path.name + ".json").read_text())
+    assert meta["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert meta["random_profiles"] is True and meta["profile"] is None
+    assert meta["k"] == 1.02 and meta["max_threads"] == 32 and meta["seed"] == 0
+    assert meta["stop_reason"] == "timesteps", "the shipped policy is trained on a fixed budget (reproducible)"
+    assert sorted(meta["held_out"]["results"]) == ["net-bound", "read-bound", "write-bound"]
+    assert path.stat().st_size < 1_000_000, "the shipped policy should stay small"
+    assert ppo.metadata["sha256"] == meta["sha256"]
