@@ -1,7 +1,7 @@
 """The default controller (``automdt transfer`` without ``--policy``: the shield around the
 capacity controller) finds the bottleneck on hand-written read-, network- and write-bound paths that
 no tuning saw, ramps within two intervals from its cold start, holds, and is never stuck below
-capacity while a full buffer drains; and the shipped PPO files stay consistent.
+capacity while a full buffer drains.
 """
 from __future__ import annotations
 
