@@ -4,10 +4,10 @@ A policy can come to rest far below what the path delivers (every stage cut to a
 both buffers full, after the bottleneck moved). The shield compares the delivered rate (the write
 stage's) with the best rate the transfer *held* (two intervals in a row) within :data:`MEMORY`
 intervals. When it stays below :data:`LOW` of it for :data:`PATIENCE` intervals while the busiest
-stage could use more threads (busy, its rate per busy thread not shared out by a total limit,
-below the bound), :class:`Fallback` sets the counts for :data:`HOLD` intervals, as Canopy falls
-back to Cubic: every stage gets the threads that carry that rate at its measured rate per busy
-thread, plus :data:`HEADROOM`. Otherwise the policy's choice stands; the policy observes every
+stage could use more threads (busy, below the bound), :class:`Fallback` sets the counts for
+:data:`HOLD` intervals, as Canopy falls back to Cubic: every stage gets the threads that carry that
+rate at its latest rate per busy thread (the path as it is now, after a change), plus
+:data:`HEADROOM`. Otherwise the policy's choice stands; the policy observes every
 interval either way. The shield reads only the :class:`~automdt.policy_contract.Observation`, so
 one object wraps a policy in training (:class:`automdt.agents.shield_env.ShieldWrapper`) and in a
 transfer; observations without busy thread-seconds pass through.
@@ -27,12 +27,9 @@ PATIENCE = 2
 HOLD = 3
 """Intervals the fallback drives once the shield takes over."""
 MEMORY = 10
-"""Intervals over which the best held rate and each stage's rate per busy thread are remembered."""
+"""Intervals over which the best held rate is remembered."""
 BUSY = 0.9
 """Share of a stage's thread-seconds spent busy from which it limits the transfer."""
-SHARED = 0.75
-"""A stage whose rate per busy thread is below this share of its best is held by a total limit:
-more threads would only share the same rate."""
 HEADROOM = 0.2
 """Extra share of the target rate the fallback provisions for (noise and chunk lumps)."""
 MIN_BUSY_S = 0.25
@@ -52,7 +49,7 @@ class Fallback:
     def reset(self, max_threads: int, seed: Optional[int] = None) -> Triple:
         self.max_threads = int(max_threads)
         self.delivered: Deque[float] = deque(maxlen=MEMORY + 1)
-        self.per_thread: List[Deque[float]] = [deque(maxlen=MEMORY) for _ in range(3)]
+        self.per_thread: List[float] = [0.0, 0.0, 0.0]
         self.threads: Triple = (1, 1, 1)
         return self.threads
 
@@ -63,7 +60,7 @@ class Fallback:
         for s in range(3):
             busy = obs.busy_s[s] if obs.busy_s is not None else 0.0
             if busy >= MIN_BUSY_S:
-                self.per_thread[s].append(obs.throughput_bps[s] * obs.interval_s / busy)
+                self.per_thread[s] = obs.throughput_bps[s] * obs.interval_s / busy
 
     def best_held(self) -> float:
         """The best rate delivered in two intervals in a row within :data:`MEMORY` intervals."""
@@ -71,8 +68,8 @@ class Fallback:
         return max((min(a, b) for a, b in zip(d, d[1:])), default=0.0)
 
     def rate(self, s: int) -> float:
-        """Stage ``s``'s best recent rate per busy thread (bytes/s), 0 when unknown."""
-        return max(self.per_thread[s], default=0.0)
+        """Stage ``s``'s latest rate per busy thread (bytes/s; the path as it is now), 0 when unknown."""
+        return self.per_thread[s]
 
     def choose(self) -> Triple:
         """The counts that carry the best held rate with :data:`HEADROOM` (a stage whose rate per
@@ -153,10 +150,8 @@ class Shield:
         return proposed
 
     def _could_add(self, obs: Observation) -> bool:
-        """The busiest stage is busy, not held by a total limit, and below the thread bound."""
+        """The busiest stage is busy and below the thread bound."""
         assert obs.busy_s is not None and obs.wait_s is not None
         util = [b / (b + w) if b + w > 0 else 0.0 for b, w in zip(obs.busy_s, obs.wait_s)]
         s = max(range(3), key=lambda i: util[i])
-        best = self.fallback.rate(s)
-        now = obs.throughput_bps[s] * obs.interval_s / obs.busy_s[s] if obs.busy_s[s] >= MIN_BUSY_S else 0.0
-        return util[s] >= BUSY and now >= SHARED * best and obs.threads[s] < self.fallback.max_threads
+        return util[s] >= BUSY and obs.threads[s] < self.fallback.max_threads

@@ -436,9 +436,14 @@ def build_parser() -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ablation; prints the run directory and the tables."""
+    import signal
     import sys
+    import threading
 
     a = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM unwinds like Ctrl-C: the engine half's receivers, datasets and namespaces go
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out_dir = os.path.join(a.out, "ablation-" + time.strftime("%Y%m%d-%H%M%S"))
     if a.part in ("sim", "all"):
         labels = [x.strip() for x in a.controllers.split(",") if x.strip()]

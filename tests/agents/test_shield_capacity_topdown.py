@@ -157,8 +157,9 @@ def test_the_fallback_holds_for_its_intervals_then_hands_back():
     # the fallback: the threads for 1.2 x 100 MB/s at 25 MB/s per thread, for HOLD intervals; the rate
     # is back meanwhile, so then the policy's choice stands
     assert notes[-1] == ((5, 5, 5), "takeover")
+    # (at 20 MB/s per busy thread now: 6 threads carry 1.2 x 100 MB/s)
     after = [(sh.filter(obs(100 * MB, n=(5, 5, 5), busy=(5.0, 5.0, 5.0)), (1, 1, 1)), sh.note) for _ in range(HOLD)]
-    assert after == [((5, 5, 5), "fallback")] * (HOLD - 1) + [((1, 1, 1), "")]
+    assert after == [((6, 6, 6), "fallback")] * (HOLD - 1) + [((1, 1, 1), "")]
 
 
 def test_the_fallback_alone_carries_the_best_held_rate():
@@ -207,3 +208,18 @@ def test_the_training_wrapper_and_a_transfer_decide_alike():
         notes.append(info["shield"])
     assert seen == [r[0] for r in live]
     assert "takeover" in notes
+
+
+def test_the_shield_lifts_a_policy_that_keeps_its_counts_after_the_bottleneck_moves():
+    """Read-bound, then write-bound with slower writers: a policy that keeps the counts of before
+    (two writers of 7 MB/s where eight are needed) is lifted by the shield, whose fallback sizes
+    the writers at their rate per busy thread after the change."""
+    before = _path((6, 48), (25, 150), (25, 150))
+    after = _path((25, 150), (25, 150), (7, 56))
+    frozen = "static:8,2,2"
+    bare = _episode(make_policy(frozen, 32), before, steps=40, events=[(15, after)])
+    shielded = _episode(make_policy("shield:" + frozen, 32), before, steps=40, events=[(15, after)])
+    assert all(rate < 0.3 * ref for _, rate, _, ref in bare[20:])
+    back = _back_to_90(shielded, 15)
+    assert back is not None and back <= 5, [r[:2] for r in shielded[14:24]]
+    assert _fraction(shielded, 20) > 2 * _fraction(bare, 20)
