@@ -256,7 +256,10 @@ class Controller:
             self._t_base = now
             return None
         dt = now - self._last_t
-        if dt < (0.05 if final else self.next_interval_s()):
+        # a final interval shorter than 50 ms is dropped (its rates are noise), unless the run
+        # recorded no interval at all: then it is the run's only measurement
+        floor = (0.05 if self.history else 0.0) if final else self.next_interval_s()
+        if dt <= 0 or dt < floor:
             return None
         moved = (counted[0] - self._last[0], counted[1] - self._last[1], counted[2] - self._last[2])
         d = [float(b) - float(a) for a, b in zip(self._last_busy, busy)]

@@ -70,7 +70,7 @@ BAD = {
                 "--metrics": ["x", "127.0.0.1:99999", ""], "--max-sessions": ["0", "-1", "x", ""],
                 "--switch": SWITCH},
     "demo": {"--dir": [PROCFILE, PLAIN, ""], "--size": ["0", "-1", "x", "1K", ""], "--threads": THREADS},
-    "explore": {**ENGINE, "--duration": SECONDS_POS + ["1"], "-o": OUT_FILE, "--seed": ["-1", "x", ""]},
+    "explore": {**{k: v for k, v in ENGINE.items() if k != "--threads"}, "--duration": SECONDS_POS + ["1"], "-o": OUT_FILE, "--seed": ["-1", "x", ""]},
     "train": {"--profile": PROFILE, "-o": OUT_FILE, "--timesteps": INT1, "--seed": ["-1", "x", ""],
               "--target": ["0", "1.5", "-1", "x", ""], "--max-seconds": SECONDS_POS, "--k": ["0", "0.5", "3", "x", ""],
               "--tensorboard": [PROCFILE, PLAIN, ""]},
