@@ -8,7 +8,7 @@ turn instead). A stage busy for :data:`BUSY` of its thread-seconds measured its 
 stage that waited on a buffer measured an upper bound (a total limit binds only when the threads
 press on it). An interval in which a stage's count changed is not a sample of it: the engine counts
 a chunk when it is done, so threads that just started have nothing counted yet and threads that
-left add the chunks they finished.
+left add the chunks they finished; for the same reason the transfer's first interval is no sample.
 
 Each stage keeps its samples by thread count (forgotten after :data:`MEMORY` intervals, all dropped
 when a count measures :data:`CHANGE` away from what it carried before: the path changed) and
@@ -217,8 +217,10 @@ class CapacityPolicy:
             return
         for s in range(3):
             n, busy, wait = int(obs.threads[s]), finite(obs.busy_s[s]), finite(obs.wait_s[s])
-            if busy < MIN_BUSY_S or (last is not None and last[s] != n):
-                continue  # an interval whose count changed counts the chunks of threads that came or went
+            if busy < MIN_BUSY_S or last is None or last[s] != n:
+                # the first interval and one whose count changed count the busy time of threads that
+                # started with nothing in progress (or the chunks of threads that left), not their work
+                continue
             # a stage that worked but finished no chunk measured nothing carried: a sample of 0
             cap = n * finite(obs.throughput_bps[s]) * obs.interval_s / busy
             self.stages[s].add(n, cap, busy >= BUSY * (busy + wait))

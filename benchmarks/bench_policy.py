@@ -32,8 +32,8 @@ Issue 10 part B (the policy's behaviour; :mod:`policy_sections`, definitions in
 * ``ramp``: cold start (no history, shipped default) on the experiments' three scenarios at 80
   and 250 MB/s: intervals to 90% of the achievable rate (target <= 2); warm start with a policy
   trained on each scenario's profile (``automdt train --profile``): target 1.
-* ``completion``: ``python -m automdt.experiments completion --policies ppo,marlin``, Marlin's
-  completion time over PPO's per scenario and dataset (target >= 1.3).
+* ``completion``: ``python -m automdt.experiments completion --policies default,marlin``, Marlin's
+  completion time over the default's per scenario and dataset (target >= 1.3).
 * ``sim``: the shipped default on 30 held-out random profiles (target >= 0.95 of the oracle),
   ``automdt train --profile`` on the scenarios (target >= 0.95 in under a minute), and ramp,
   sustained share and settling in the simulator with the engine's chunk effects.

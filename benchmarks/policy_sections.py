@@ -16,8 +16,8 @@ sustained share, dips, settling) are those of :mod:`automdt.experiments.behaviou
   128 MiB buffers and 1 MiB chunks) at 80 and at 250 MB/s: intervals to 90% of the achievable
   rate, target <= 2; warm start with a policy trained on the scenario's profile
   (``automdt train --profile``): target 1.
-* ``completion``: ``python -m automdt.experiments completion --policies ppo,marlin``: Marlin's
-  time over PPO's on every scenario and dataset; target >= 1.3.
+* ``completion``: ``python -m automdt.experiments completion --policies default,marlin``: Marlin's
+  time over the default's on every scenario and dataset; target >= 1.3.
 * ``sim``: the shipped default's fraction of the oracle on 30 held-out random profiles (target
   >= 0.95), ``automdt train --profile`` on the three scenario profiles (target >= 0.95 in under a
   minute), and the simulator's view of ramp/sustained/settling on the same paths (engine chunk
@@ -214,7 +214,7 @@ def section_completion(ctx: Any) -> Dict[str, Any]:
     times: Dict[str, Dict[str, List[float]]] = {}
     for rep in range(reps):
         outdir = ctx.path(f"completion-{rep}")
-        argv = [sys.executable, "-m", "automdt.experiments", "completion", "--policies", "ppo,marlin", "--seed",
+        argv = [sys.executable, "-m", "automdt.experiments", "completion", "--policies", "default,marlin", "--seed",
                 str(rep), "--out", outdir]
         p = subprocess.run(argv, env=ctx.env, capture_output=True, text=True, timeout=1800)
         if p.returncode != 0:
@@ -227,23 +227,23 @@ def section_completion(ctx: Any) -> Dict[str, Any]:
             by.setdefault((r["scenario"], r["dataset"].split("-")[0]), {})[r["policy"]] = float(r["seconds"])
         for (sc, dsname), t in sorted(by.items()):
             key = f"{sc}/{dsname}"
-            if "ppo" in t and "marlin" in t:
-                ratios.setdefault(key, []).append(t["marlin"] / t["ppo"])
-                times.setdefault(key, {"ppo": [], "marlin": []})
-                times[key]["ppo"].append(t["ppo"])
+            if "default" in t and "marlin" in t:
+                ratios.setdefault(key, []).append(t["marlin"] / t["default"])
+                times.setdefault(key, {"default": [], "marlin": []})
+                times[key]["default"].append(t["default"])
                 times[key]["marlin"].append(t["marlin"])
         shutil.rmtree(outdir, ignore_errors=True)
-    say(f"  {'scenario/dataset':24s} {'ppo s':>7s} {'marlin s':>9s} {'marlin/ppo':>11s}")
+    say(f"  {'scenario/dataset':24s} {'default s':>9s} {'marlin s':>9s} {'marlin/default':>15s}")
     ok = True
     out: Dict[str, Any] = {"reps": reps, "runs": {}}
     for key, rs in ratios.items():
         med = median(rs)
         ok &= med >= 1.3
-        out["runs"][key] = {"ppo_s": times[key]["ppo"], "marlin_s": times[key]["marlin"], "ratio_median": med}
-        say(f"  {key:24s} {median(times[key]['ppo']):7.2f} {median(times[key]['marlin']):9.2f} {med:11.2f}  "
+        out["runs"][key] = {"default_s": times[key]["default"], "marlin_s": times[key]["marlin"], "ratio_median": med}
+        say(f"  {key:24s} {median(times[key]['default']):9.2f} {median(times[key]['marlin']):9.2f} {med:15.2f}  "
             f"({', '.join(f'{x:.2f}' for x in rs)})")
     out["target_met"] = bool(ok and ratios)
-    say(f"  target: Marlin/PPO completion time >= 1.3 everywhere: {'met' if out['target_met'] else 'NOT met'}")
+    say(f"  target: Marlin/default completion time >= 1.3 everywhere: {'met' if out['target_met'] else 'NOT met'}")
     return out
 
 
@@ -251,18 +251,20 @@ def section_completion(ctx: Any) -> Dict[str, Any]:
 def section_sim(ctx: Any) -> Dict[str, Any]:
     import numpy as np
 
-    from automdt.agents.ppo import load_policy
+    from automdt.agents.registry import make_policy
     from automdt.agents.training import evaluate, held_out_random_profiles
     from automdt.experiments.behaviour import scenario_path, sim_episode, sim_paths, summarize
 
     out: Dict[str, Any] = {}
-    pol = load_policy("default")
-    res = evaluate(pol, held_out_random_profiles(30), steps=60, seed=0)
-    fr = np.array(list(res["per_profile"].values()))
-    out["held_out_random"] = {"mean": float(fr.mean()), "min": float(fr.min()), "profiles": len(fr),
-                              "per_profile": res["per_profile"]}
-    say(f"  shipped default on 30 held-out random profiles: {fr.mean():.3f} of the oracle (worst {fr.min():.3f}); "
-        f"target >= 0.95: {'met' if fr.mean() >= 0.95 else 'NOT met'}")
+    profiles = held_out_random_profiles(30)
+    for spec in ("default", "ppo"):  # the shipped default, and the PPO network beside it
+        res = evaluate(make_policy(spec, 32), profiles, steps=60, seed=0)
+        fr = np.array(list(res["per_profile"].values()))
+        key = "held_out_random" if spec == "default" else f"held_out_random_{spec}"
+        out[key] = {"policy": spec, "mean": float(fr.mean()), "min": float(fr.min()), "profiles": len(fr),
+                    "per_profile": res["per_profile"]}
+        say(f"  --policy {spec} on 30 held-out random profiles: {fr.mean():.3f} of the oracle (worst {fr.min():.3f})"
+            + (f"; target >= 0.95: {'met' if fr.mean() >= 0.95 else 'NOT met'}" if spec == "default" else ""))
 
     out["train"] = {}
     for b in ("read", "net", "write"):
@@ -284,6 +286,7 @@ def section_sim(ctx: Any) -> Dict[str, Any]:
             f"{'met' if meta['fraction_of_oracle'] >= 0.95 and wall < 60 else 'NOT met'}")
 
     out["behaviour"] = {}
+    pol = make_policy("default", 32)
     say("  in the simulator (engine chunk effects on, 2% noise), 40 intervals, starts (1,1,1), (2,2,2), (4,4,4), "
         "the policy's own, 2 seeds each:")
     for name, path in sim_paths().items():
