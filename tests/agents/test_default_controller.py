@@ -14,11 +14,9 @@ from tests.ppo.conftest import held_out_profiles
 SEEDS = (0, 1, 2)
 
 KNOWN_SHORTFALLS: dict = {
-    ("settles", "issue-read-bound"): "the network stage holds 5-9 connections where 2 carry the 80 MB/s link the "
-                                     "readers also reach: with two stages at one limit the controller steps down "
-                                     "the network's plateau only while the solve pays for the readers' margin too "
-                                     "(within one thread on 1 of 10 seeds in the simulator, as the engine's "
-                                     "bench_policy sustained section shows)",
+    ("settles", "issue-read-bound"): "the network stage keeps more connections than the link needs when the "
+                                     "readers reach the same limit: the solve steps down the network's plateau "
+                                     "only together with the readers' margin",
 }
 """Targets the shipped default misses, as measured: such a case reports xfail with its figures when it
 fails; any other failure fails."""
