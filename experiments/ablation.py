@@ -191,6 +191,10 @@ def make_controller(label: str, case: Case) -> Any:
     from automdt.agents.static import StaticPolicy
 
     m = case.profile.max_threads
+    if label in ("capacity-true", "oracle-lag1"):  # privileged: where the headroom is
+        from automdt.experiments import headroom
+
+        return headroom.make(label, case)
     if label == "residual":  # the learned residual on the capacity controller (experiments/residual.py)
         from automdt.experiments.residual import ResidualPolicy
 
@@ -450,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from automdt.agents.registry import check_spec
 
         for lab in labels:
-            if lab not in ("default", "best-static", "residual"):
+            if lab not in ("default", "best-static", "residual", "capacity-true", "oracle-lag1"):
                 try:
                     check_spec(lab)
                 except ValueError as e:
