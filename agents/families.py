@@ -62,6 +62,19 @@ def _stages(rng: np.random.Generator, m: int, rate: float, limit: Sequence[int])
     return out
 
 
+def network_change(base: Profile, kind: str, rng: np.random.Generator, drop: Tuple[float, float] = (0.2, 0.7),
+                   connections: Tuple[int, int] = (2, 41)) -> StageProfile:
+    """The network stage of ``base`` after a change: ``link``, its bandwidth times a factor drawn
+    from ``drop``; ``competing``, another transfer's ``k`` connections (drawn from ``connections``,
+    upper end excluded) share it, so that ours carry ``B n / (n + k)``."""
+    net = base.net
+    if kind == "link":
+        return StageProfile(net.tpt, net.bandwidth * rng.uniform(*drop))
+    k = int(rng.integers(*connections))
+    return StageProfile(min(net.tpt, net.bandwidth / (k + 1)), net.bandwidth * 4 * base.max_threads,
+                        contention=1.0 / (k + 1))
+
+
 def episode(rng: np.random.Generator, family: str, steps: int = STEPS) -> Episode:
     """One episode of ``family`` drawn from ``rng``."""
     m = int(rng.choice([16, 24, 32, 48]))
@@ -93,13 +106,7 @@ def episode(rng: np.random.Generator, family: str, steps: int = STEPS) -> Episod
     elif family in ("link", "competing"):
         a = int(rng.integers(10, steps - 20))
         b = a + int(rng.integers(6, 25))
-        net = base.net
-        if family == "link":
-            changed = StageProfile(net.tpt, net.bandwidth * rng.uniform(0.2, 0.7))
-        else:
-            k = int(rng.integers(2, 41))
-            changed = StageProfile(min(net.tpt, net.bandwidth / (k + 1)), net.bandwidth * 4 * m, contention=1.0 / (k + 1))
-        events = [(a, base.replace(net=changed)), (min(b, steps - 1), base)]
+        events = [(a, base.replace(net=network_change(base, family, rng))), (min(b, steps - 1), base)]
     return Episode(family, base, events, chunk)
 
 

@@ -9,8 +9,11 @@ Specs:
 * ``capacity``: the model-based controller on capacity curves measured from busy-time counters;
 * ``shield:SPEC``: the policy ``SPEC`` under the shield (:class:`~automdt.agents.shield.Shield`);
 * ``default``: :data:`DEFAULT_POLICY`, what ``automdt transfer`` runs without ``--policy``;
-* ``ppo``, ``ppo:PATH``, or a path ending in ``.zip``: a PPO policy file, loaded by
-  ``automdt.agents.ppo.load_policy`` (imported only then; numpy inference, no torch);
+* a path ending in ``.zip``: a trained policy file under the shield (what ``automdt train``
+  writes: a tuned policy, :mod:`automdt.agents.tuned`, or a PPO network,
+  :mod:`automdt.agents.ppo`; numpy inference, no torch);
+* ``ppo:PATH``: the same file *without* the shield (an explicit bare run); ``ppo`` the shipped
+  PPO network, bare;
 * ``oracle``: the simulator's oracle, from ``automdt.simulator.oracle`` (simulator only; needs
   ``profile=`` unless that module provides ``oracle_policy``);
 * ``MODULE:FACTORY`` (e.g. ``mylab.policies:GreedyPolicy``): a policy of one's own, from any
@@ -90,7 +93,12 @@ def _import_optional(module: str, what: str):
         raise
 
 
-def _load_ppo(path: str, **kw: Any) -> Policy:
+def _load_ppo(path: str, max_threads: int = 32, **kw: Any) -> Policy:
+    """A policy file: a tuned policy when its sidecar says so, else a PPO network."""
+    if path.lower() != "ppo" and not kw:
+        tuned = _import_optional("automdt.agents.tuned", "tuned")
+        if tuned.is_tuned_file(path):
+            return tuned.load_tuned(path, max_threads=max_threads)
     ppo = _import_optional("automdt.agents.ppo", "ppo")
     return ppo.load_policy(path, **kw)
 
@@ -233,9 +241,11 @@ def make_policy(spec: str, max_threads: int, **kw: Any) -> Policy:
         path = raw[len("ppo:"):].strip()
         if not path:
             raise ValueError("ppo policy spec 'ppo:PATH' needs a path")
-        return _load_ppo(path, **kw)
-    if key.endswith(".zip"):
-        return _load_ppo(raw, **kw)
+        return _load_ppo(path, int(max_threads), **kw)
+    if key.endswith(".zip"):  # a trained file drives a transfer under the shield
+        from automdt.agents.shield import Shield
+
+        return Shield(_load_ppo(raw, int(max_threads), **kw), max_threads=int(max_threads))
     if key == "oracle":
         return _load_oracle(max_threads, **kw)
     if _MODULE_SPEC.match(raw):

@@ -401,8 +401,21 @@ def _resolve_policy(args, max_threads: int):
         raise _policy_error(e) from None
     if isinstance(pol, StaticPolicy) and spec.strip().lower().startswith("static:"):
         return pol, pol.triple, None
+    _note_trained_path(args, pol)
     start = parse_threads(args.threads) if args.threads else None
     return pol, start or (1, 1, 1), start
+
+
+def _note_trained_path(args, pol) -> None:
+    """A trained file says so when this transfer is not the path it was trained for."""
+    meta = getattr(getattr(pol, "policy", pol), "metadata", None)
+    if not isinstance(meta, dict) or getattr(args, "quiet", False) or not hasattr(args, "src"):
+        return
+    from automdt.agents.tuned import FORMAT, path_note
+
+    note = path_note(meta, args.src, args.dest) if meta.get("format") == FORMAT else None
+    if note:
+        print(f"automdt: {note}", file=sys.stderr)
 
 
 def _check_policy(args) -> None:
@@ -964,21 +977,49 @@ def cmd_train(args) -> int:
             os.makedirs(args.tensorboard, exist_ok=True)
         except OSError as e:
             raise AutomdtError(f"--tensorboard {args.tensorboard}: {e.strerror}", errors.USAGE) from None
-    from automdt.agents.training import profile_settings, train
+    if profile is not None:
+        return _train_tuned(args, profile, out)
+    from automdt.agents.training import train
 
-    # On one profile: fine-tune the shipped default, judged from several starts.
-    rep = train(profile, out, timesteps=args.timesteps, seed=args.seed, k=args.k,
-                random_profiles=profile is None, progress=not args.no_progress and sys.stderr.isatty(),
-                target_fraction=args.target, max_seconds=args.max_seconds, tensorboard_log=args.tensorboard,
-                **(profile_settings() if profile is not None else {}))
+    rep = train(None, out, timesteps=args.timesteps, seed=args.seed, k=args.k, random_profiles=True,
+                progress=not args.no_progress and sys.stderr.isatty(), target_fraction=args.target,
+                max_seconds=args.max_seconds, tensorboard_log=args.tensorboard)
     _out(f"policy written to {rep.model_path} ({rep.timesteps} steps in {rep.wall_s:.0f} s); "
          f"{rep.fraction_of_oracle:.1%} of the oracle's utility; curve {rep.curve_png}")
     if not rep.reached_target:
-        why = (f"--max-seconds {args.max_seconds:g} ran out" if rep.stop_reason == "max_seconds" else
-               "the step budget (--timesteps) ran out" if rep.stop_reason == "timesteps" else str(rep.stop_reason))
-        print(f"automdt: target missed: {rep.fraction_of_oracle:.3f} of the oracle, below --target {args.target:g} "
-              f"({why}); the policy is written, train longer for a better one", file=sys.stderr)
-        _out(f"target {args.target:g} NOT reached ({rep.fraction_of_oracle:.3f}; {why})")
+        _target_missed(args, rep.fraction_of_oracle, rep.stop_reason)
+    return 0
+
+
+def _target_missed(args, fraction: float, reason: str) -> None:
+    why = (f"--max-seconds {args.max_seconds:g} ran out" if reason == "max_seconds" else
+           "the step budget (--timesteps) ran out" if reason == "timesteps" else str(reason))
+    print(f"automdt: target missed: {fraction:.3f} of the oracle, below --target {args.target:g} "
+          f"({why}); the policy is written, train longer for a better one", file=sys.stderr)
+    _out(f"target {args.target:g} NOT reached ({fraction:.3f}; {why})")
+
+
+_LEARNED = {"network": "the default controller with the trained selector, from the profile's optimum",
+            "prior": "the default controller from the profile's optimum (the trained selector did not pay off on "
+                     "the validation paths)",
+            "none": "the default controller as it is (neither the selector nor the profile's start paid off on "
+                    "the validation paths)"}
+
+
+def _train_tuned(args, profile, out: str) -> int:
+    """``train --profile``: the default controller plus a learned part, validated against the default."""
+    from automdt.agents.tuned_training import train_tuned
+
+    rep = train_tuned(profile, out, timesteps=args.timesteps, seed=args.seed, k=args.k,
+                      max_seconds=args.max_seconds, progress=not args.no_progress and sys.stderr.isatty(),
+                      tensorboard_log=args.tensorboard, profile_path=args.profile)
+    v, d = rep.validation[rep.learned], rep.validation["none"]
+    _out(f"policy written to {rep.model_path} ({rep.timesteps} steps, {rep.wall_s:.0f} s): {_LEARNED[rep.learned]}")
+    _out(f"validation, fraction of the oracle (this file / the default controller): path as explored "
+         f"{v['explored']:.3f} / {d['explored']:.3f}; path changed after exploring {v['changed']:.3f} / {d['changed']:.3f}")
+    _out(f"run it with: automdt transfer SRC DEST --policy {rep.model_path}  (under the shield; curve {rep.curve_csv})")
+    if rep.fraction_on_profile < args.target:
+        _target_missed(args, rep.fraction_on_profile, rep.stop_reason)
     return 0
 
 

@@ -249,7 +249,10 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
                            f"{str(e).removeprefix('fit_profile: ')}; explore longer or with more data",
                            errors.WEAK_FIT) from None
     # the chunk size the path was explored with: the simulator shows its chunk effects (training)
-    profile = profile.replace(meta=dict(profile.meta, chunk_bytes=int(opts.chunk_size)))
+    # and where: a policy trained on this profile says so when it drives another path
+    explored = {"src": os.path.abspath(src), "dest": dest if parse_dest(dest)[0] is not None else os.path.abspath(dest),
+                "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    profile = profile.replace(meta=dict(profile.meta, chunk_bytes=int(opts.chunk_size), explored=explored))
     res = {"profile": profile, "samples": samples, "rounds": rounds, "seconds": seconds, "duration_s": duration_s,
            "summaries": summaries, "plan": plan, "partial_only": partial_only}
     fit = profile.meta.setdefault("fit", {})

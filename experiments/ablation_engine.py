@@ -374,6 +374,7 @@ def summarize(transfers: Sequence[Dict[str, Any]], paths: Dict[str, Dict[str, An
                                                      if t["recovered_all"] is not None])
             d["recovered_all_reps"] = sum(1 for t in rs if t["recovered_all"])
             d["longest_low_run"] = _median([t["longest_low_run"] for t in rs])
+            d["to90_start_intervals"] = _median([_worst(t["to90_start_intervals"]) for t in rs])
             d["low_intervals"] = _median([t["low_intervals"] for t in rs])
             for s in STAGES + ("total",):
                 d[f"mean_threads_{s}"] = _median([t[f"mean_threads_{s}"] for t in rs])
@@ -513,6 +514,8 @@ class EngineOptions:
     drop_caches: str = "file"
     grid: str = "full"
     grid_from: Optional[str] = None
+    trained: bool = False
+    explore_s: float = 30.0
     log: Callable[[str], None] = field(default=lambda s: print(s, flush=True), repr=False)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -604,6 +607,13 @@ def run_path(ep: EnginePath, controllers: Sequence[Tuple[str, str]], opts: Engin
             f"{y['best_static']}, dataset {ds.total_bytes / MB:.0f} MB")
         slowest = min((a for a in ach if a), default=None)
         timeout = 4.0 * (ds.total_bytes / slowest if slowest else ep.scenario.nominal_s) + 40.0
+        controllers = list(controllers)
+        if opts.trained:  # the operator's workflow: explore this path, train a file, run it beside the others
+            from automdt.experiments.workflow import explore_and_train_engine
+
+            info["workflow"] = explore_and_train_engine(ep, ps, opts, rd, controllers)
+            if info["workflow"].get("policy"):
+                controllers.append(("trained", info["workflow"]["policy"]))
         for rep in range(opts.reps):
             shift = rep % max(1, len(controllers))
             for lab, spec0 in list(controllers[shift:]) + list(controllers[:shift]):
@@ -647,6 +657,7 @@ def write_outputs(rd: RunDir, doc: Dict[str, Any], transfers: Sequence[Dict[str,
                   intervals: Sequence[Dict[str, Any]]) -> str:
     """Recompute the medians and targets and (re)write the JSON, CSVs and the markdown tables."""
     labels = [lab for lab, _ in doc["config"]["controllers"]]
+    labels += [lab for lab in dict.fromkeys(t["controller"] for t in transfers) if lab not in labels]  # "trained"
     doc["summary"], doc["targets"] = summarize(transfers, doc["paths"], labels)
     doc["transfers"] = list(transfers)
     path = rd.file(f"{NAME}.json")
@@ -657,7 +668,12 @@ def write_outputs(rd: RunDir, doc: Dict[str, Any], transfers: Sequence[Dict[str,
     os.replace(tmp, path)
     rd.write_csv(f"{NAME}.csv", [{k: v for k, v in t.items() if k != "events"} for t in transfers])
     rd.write_csv("intervals.csv", intervals)
-    rd.write_text(f"{NAME}.md", engine_tables(path))
+    text = engine_tables(path)
+    if any(p.get("workflow") for p in doc["paths"].values()):
+        from automdt.experiments.workflow import engine_workflow_tables
+
+        text += "\n**The operator's workflow (explore -> train -> transfer with the file)**\n\n" + engine_workflow_tables(path)
+    rd.write_text(f"{NAME}.md", text)
     return path
 
 
@@ -840,6 +856,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         help="the empirical grid of the rtt, cpu and disk paths: full (real.py's empirical oracle: each stage at "
              "1, 4, 16 threads, lines at 1-32 threads, refined; about 5 minutes a path; the default) or small "
              "(1 and 8, lines at 1, 4, 16; about 1.5 minutes, coarse: the best static triple may be far from best)")
+    add("--trained", action="store_true", default=None,
+        help="the operator's workflow on every path: explore it (its first phase) for --explore-seconds, train a "
+             "file with `automdt train --profile` defaults and run it as controller 'trained'; records what the "
+             "simulator predicts on the explored profile for every controller")
+    add("--explore-seconds", dest="explore_s", type=float, default=None,
+        help="seconds of exploration per path with --trained (default 30)")
     add("--grid-from", metavar="DIR", default=None,
         help="reuse the empirical grids (grid-<path>.json) of an earlier ablation-engine run directory")
     return parser

@@ -93,23 +93,19 @@ class Agent:
 
 def make_vec_env(num_envs: int, seed: int) -> Any:
     """An SB3 ``VecEnv`` of ``num_envs`` simulated transfers drawn from the training families."""
-    import gymnasium as gym
-    from stable_baselines3.common.vec_env import VecEnv
-
     from automdt.simulator.env import BufferSimEnv
+    from automdt.simulator.sb3 import ControllerVecEnv
 
-    class ResidualVecEnv(VecEnv):
+    class ResidualVecEnv(ControllerVecEnv):
         def __init__(self) -> None:
-            self.rng = np.random.default_rng(seed)
             self.agents = [Agent() for _ in range(num_envs)]
-            super().__init__(num_envs, gym.spaces.Box(-10.0, 10.0, (self.agents[0].dim,), np.float32),
-                             gym.spaces.MultiDiscrete([len(RESIDUALS)] * 3))
+            super().__init__(num_envs, self.agents[0].dim, [len(RESIDUALS)] * 3)
+            self.rng = np.random.default_rng(seed)
             self.envs: List[Any] = [None] * num_envs
             self.episodes: List[Any] = [None] * num_envs
             self.steps = [0] * num_envs
-            self.infos: List[Any] = [None] * num_envs
 
-        def _new(self, i: int) -> np.ndarray:
+        def new_episode(self, i: int) -> np.ndarray:
             ep = F.episode(self.rng, F.FAMILIES[int(self.rng.integers(len(F.FAMILIES)))])
             env = BufferSimEnv(ep.profile, episode_steps=F.STEPS, random_start=False, chunk_bytes=ep.chunk_bytes)
             start = self.agents[i].reset(ep.profile.max_threads)
@@ -117,50 +113,15 @@ def make_vec_env(num_envs: int, seed: int) -> Any:
             self.envs[i], self.episodes[i], self.steps[i] = env, ep, 0
             return self.agents[i].observe(info["observation"])
 
-        def reset(self) -> np.ndarray:
-            return np.stack([self._new(i) for i in range(self.num_envs)])
-
-        def step_async(self, actions: np.ndarray) -> None:
-            self._actions = actions
-
-        def step_wait(self) -> Any:
-            obs, rewards, dones, infos = [], [], [], []
-            for i, action in enumerate(self._actions):
-                env, ep = self.envs[i], self.episodes[i]
-                threads = self.agents[i].choose(action)
-                for at, prof in ep.events:
-                    if at == self.steps[i]:
-                        env.set_path(prof)
-                _, _, _, truncated, info = env.step_threads(threads)
-                self.steps[i] += 1
-                o = self.agents[i].observe(info["observation"])
-                rewards.append(info["sim/utility"])
-                if truncated:
-                    infos.append({"terminal_observation": o, "TimeLimit.truncated": True})
-                    o = self._new(i)
-                else:
-                    infos.append({})
-                dones.append(bool(truncated))
-                obs.append(o)
-            return np.stack(obs), np.asarray(rewards, dtype=np.float32), np.asarray(dones), infos
-
-        def close(self) -> None:
-            pass
-
-        def get_attr(self, attr_name: str, indices: Any = None) -> List[Any]:
-            return [None] * self.num_envs
-
-        def set_attr(self, attr_name: str, value: Any, indices: Any = None) -> None:
-            pass
-
-        def env_method(self, method_name: str, *args: Any, indices: Any = None, **kwargs: Any) -> List[Any]:
-            return [None] * self.num_envs
-
-        def env_is_wrapped(self, wrapper_class: Any, indices: Any = None) -> List[bool]:
-            return [False] * self.num_envs
-
-        def seed(self, seed: Optional[int] = None) -> List[Optional[int]]:
-            return [None] * self.num_envs
+        def step_one(self, i: int, action: np.ndarray) -> Tuple[np.ndarray, float, bool]:
+            env, ep = self.envs[i], self.episodes[i]
+            threads = self.agents[i].choose(action)
+            for at, prof in ep.events:
+                if at == self.steps[i]:
+                    env.set_path(prof)
+            _, _, _, truncated, info = env.step_threads(threads)
+            self.steps[i] += 1
+            return self.agents[i].observe(info["observation"]), float(info["sim/utility"]), bool(truncated)
 
     return ResidualVecEnv()
 

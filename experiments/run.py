@@ -968,6 +968,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from automdt.experiments.ablation import main as ablation_main
 
         return ablation_main(args[1:])
+    if args and args[0] == "workflow":  # explore -> train -> transfer in the simulator, trained file vs default
+        from automdt.experiments.workflow import main as workflow_main
+
+        return workflow_main(args[1:])
     named = [x for x in args if x in RUNNERS or x == "all"]
     if named and any(x in ("-h", "--help") for x in args):
         try:

@@ -37,7 +37,7 @@ from automdt.simulator.env import make_observation_space
 from automdt.simulator.pipeline import PolicyInput
 from automdt.simulator.vector import BatchedBufferSim
 
-__all__ = ["BatchedSimVecEnv", "PolicyInputVecEnv", "policy_observation_space"]
+__all__ = ["BatchedSimVecEnv", "ControllerVecEnv", "PolicyInputVecEnv", "policy_observation_space"]
 
 
 class BatchedSimVecEnv(VecEnv):
@@ -185,3 +185,66 @@ class PolicyInputVecEnv(VecEnvWrapper):
         for i, t in term.items():
             infos[i]["terminal_observation"] = t
         return x, rew, done, infos
+
+
+class ControllerVecEnv(VecEnv):
+    """A ``VecEnv`` of simulated transfers stepped one by one, for a network that acts *through*
+    a Python controller (a selector or a residual on a controller's proposal): the controller
+    measures each interval and turns the network's action into thread counts, so the episodes
+    cannot be one numpy batch.
+
+    Subclasses implement :meth:`new_episode` (start episode ``i``; return the network's first
+    input) and :meth:`step_one` (apply ``action`` to episode ``i`` for one interval; return the
+    next input, the reward and whether the episode ended). Ended episodes restart within the same
+    ``step_wait`` (SB3's convention, with ``terminal_observation`` and ``TimeLimit.truncated``).
+    """
+
+    def __init__(self, num_envs: int, obs_dim: int, nvec: Sequence[int]) -> None:
+        super().__init__(num_envs, spaces.Box(-10.0, 10.0, (int(obs_dim),), np.float32),
+                         spaces.MultiDiscrete([int(n) for n in nvec]))
+        self._actions: np.ndarray = np.zeros((num_envs, len(nvec)), dtype=np.int64)
+
+    def new_episode(self, i: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def step_one(self, i: int, action: np.ndarray) -> tuple[np.ndarray, float, bool]:
+        raise NotImplementedError
+
+    def reset(self) -> np.ndarray:
+        return np.stack([self.new_episode(i) for i in range(self.num_envs)]).astype(np.float32)
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = actions
+
+    def step_wait(self) -> VecEnvStepReturn:
+        obs, rewards, dones, infos = [], [], [], []
+        for i, action in enumerate(self._actions):
+            o, r, done = self.step_one(i, action)
+            info: dict[str, Any] = {}
+            if done:
+                info = {"terminal_observation": o, "TimeLimit.truncated": True}
+                o = self.new_episode(i)
+            obs.append(o)
+            rewards.append(r)
+            dones.append(done)
+            infos.append(info)
+        return np.stack(obs).astype(np.float32), np.asarray(rewards, dtype=np.float32), np.asarray(dones), infos
+
+    def close(self) -> None:
+        pass
+
+    def seed(self, seed: int | None = None) -> Sequence[int | None]:
+        return [None] * self.num_envs
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        return [None] * self.num_envs
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        pass
+
+    def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None,
+                   **method_kwargs: Any) -> list[Any]:
+        return [None] * self.num_envs
+
+    def env_is_wrapped(self, wrapper_class: type, indices: VecEnvIndices = None) -> list[bool]:
+        return [False] * self.num_envs

@@ -98,7 +98,7 @@ def test_ppo_specs_route_to_load_policy(monkeypatch):
     monkeypatch.setitem(sys.modules, "automdt.agents.ppo", fake)
     assert make_policy("ppo", 8).name == "fake-ppo"
     make_policy("ppo:/tmp/My Policy.zip", 8, deterministic=False)
-    make_policy("/models/agent.ZIP", 8)
+    assert make_policy("/models/agent.ZIP", 8).name == "shield:fake-ppo"  # a file runs under the shield
     assert calls == [("ppo", {}), ("/tmp/My Policy.zip", {"deterministic": False}), ("/models/agent.ZIP", {})]
     with pytest.raises(ValueError):
         make_policy("ppo:", 8)

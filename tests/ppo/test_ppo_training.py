@@ -255,28 +255,3 @@ def test_write_policy_metadata_round_trips(tmp_path, tiny_policy):
     assert side == tmp_path / "copy.zip.json" and policy_metadata(p) == meta
     assert stat.S_IMODE(os.stat(side).st_mode) == 0o644
     assert not (tmp_path / "copy.zip.json.tmp").exists()
-
-
-def test_train_on_a_profile_is_judged_from_several_starts(tmp_path, monkeypatch):
-    """`automdt train --profile` fine-tunes the shipped default and judges it from four starts: its
-    network alone (no floor) holds the profile's optimum from wide starts too. Before, a randomly
-    initialised network passed after 128 steps because it was judged only from where it starts,
-    and on the write-bound scenario it went to (1, 1, 32) from every start tried (0.43-0.66 of the
-    oracle)."""
-    from automdt.agents.ppo import PPOPolicy
-    from automdt.agents.training import evaluate
-    from automdt.experiments.behaviour import scenario_path
-    from automdt.experiments.parity import MB
-    from tests.util import run_cli
-
-    prof = scenario_path("write", 80 * MB).profile()
-    prof.save(str(tmp_path / "p.yaml"))
-    rc, _, err = run_cli("train", "--profile", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "pol.zip"),
-                         "--no-progress", check_json=False, timeout=300)
-    assert rc == 0, err
-    meta = json.loads((tmp_path / "pol.zip.json").read_text())
-    assert meta["init_from"] == "default"
-    assert meta["start"]["threads"] == [2, 2, 8] and meta["start"]["source"] == "profile"
-    pol = PPOPolicy.load(tmp_path / "pol.zip")  # the network alone
-    res = evaluate(pol, [("write", prof)], steps=40, seed=0, starts=[(4, 4, 4), (16, 16, 16), (32, 32, 32)])
-    assert res["mean"] >= 0.85, res
