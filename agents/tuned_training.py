@@ -23,12 +23,13 @@ import csv
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 from automdt.agents import neighbourhood as NB
 from automdt.agents import tuned as T
+from automdt.agents.families import Episode
 from automdt.agents.shield import Shield
 from automdt.policy_contract import K_DEFAULT, Triple
 from automdt.simulator.profile import Profile
@@ -82,8 +83,11 @@ class Report:
 
 
 # ---------------------------------------------------------------------------------- training
-def make_vec_env(profile: Profile, prior: Prior, num_envs: int, seed: int, k: float = K_DEFAULT) -> Any:
-    """An SB3 ``VecEnv`` of ``num_envs`` simulated transfers near ``profile``."""
+def make_vec_env(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.random.Generator], Episode],
+                 num_envs: int, seed: int, k: float = K_DEFAULT) -> Any:
+    """An SB3 ``VecEnv`` of ``num_envs`` simulated transfers: each episode drawn by ``sample``, each
+    driven by an agent from ``new_agent`` (a :class:`~automdt.agents.tuned.TunedPolicy` whose
+    network is the one being trained) under the shield."""
     from automdt.simulator.env import BufferSimEnv
     from automdt.simulator.oracle import oracle
     from automdt.simulator.sb3 import ControllerVecEnv
@@ -92,23 +96,25 @@ def make_vec_env(profile: Profile, prior: Prior, num_envs: int, seed: int, k: fl
         def __init__(self) -> None:
             super().__init__(num_envs, T.FRAME_DIM * T.FRAME_STACK, [len(T.CHOICES)] * 3)
             self.rng = np.random.default_rng(seed)
-            m = profile.max_threads
-            self.agents = [prior.policy(max_threads=m, k=k) for _ in range(num_envs)]
-            self.shields = [Shield(None, m) for _ in range(num_envs)]
+            self.agents = [new_agent() for _ in range(num_envs)]
+            self.shields = [Shield(None) for _ in range(num_envs)]
             self.envs: List[Any] = [None] * num_envs
             self.episodes: List[Any] = [None] * num_envs
             self.steps = [0] * num_envs
             self.returns = [0.0] * num_envs
-            self.best: Dict[int, float] = {}
+            self.best: List[Dict[int, float]] = [{} for _ in range(num_envs)]
+            """Per env, the oracle's utility of each profile of its episode (keyed by id while the episode holds them)."""
             self.finished: List[float] = []
 
         def new_episode(self, i: int) -> np.ndarray:
-            ep = NB.episode(profile, self.rng)
+            ep = sample(self.rng)
+            m = ep.profile.max_threads
             env = BufferSimEnv(ep.profile, k=k, episode_steps=NB.STEPS, random_start=False, chunk_bytes=ep.chunk_bytes)
-            start = self.agents[i].reset(profile.max_threads)
-            self.shields[i].reset_state(profile.max_threads)
+            start = self.agents[i].reset(m)
+            self.shields[i].reset_state(m)
             _, info = env.reset(seed=int(self.rng.integers(1 << 30)), options={"threads": start})
             self.envs[i], self.episodes[i], self.steps[i], self.returns[i] = env, ep, 0, 0.0
+            self.best[i] = {}
             return np.asarray(self.agents[i].observe(info["observation"]), dtype=np.float32)
 
         def step_one(self, i: int, action: np.ndarray) -> Tuple[np.ndarray, float, bool]:
@@ -119,11 +125,12 @@ def make_vec_env(profile: Profile, prior: Prior, num_envs: int, seed: int, k: fl
                 if at == self.steps[i]:
                     env.set_path(prof)
             p = ep.profile_at(self.steps[i])
-            if id(p) not in self.best:
-                self.best[id(p)] = oracle(p, k).utility
+            best = self.best[i]
+            if id(p) not in best:
+                best[id(p)] = oracle(p, k).utility
             _, _, _, truncated, info = env.step_threads(threads)
             self.steps[i] += 1
-            r = float(info["sim/utility"]) / self.best[id(p)]
+            r = float(info["sim/utility"]) / best[id(p)]
             self.returns[i] += r
             if truncated:
                 self.finished.append(self.returns[i] / self.steps[i])
@@ -132,20 +139,23 @@ def make_vec_env(profile: Profile, prior: Prior, num_envs: int, seed: int, k: fl
     return TunedVecEnv()
 
 
-def learn(profile: Profile, prior: Prior, timesteps: int, seed: int = 0, k: float = K_DEFAULT,
+def learn(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.random.Generator], Episode], timesteps: int,
+          seed: int = 0, k: float = K_DEFAULT,
           max_seconds: Optional[float] = None, progress: bool = False, tensorboard_log: Optional[str] = None,
           curve: Optional[List[Tuple[int, float, float]]] = None) -> Tuple[Dict[str, Any], int, str]:
-    """Train the selector network; returns (its actor's float32 arrays, timesteps run, why it stopped).
+    """Train the selector network of the agents ``new_agent`` makes on episodes ``sample`` draws;
+    returns (its actor's float32 arrays, timesteps run, why it stopped).
 
     ``curve`` (if given) receives ``(timesteps, wall seconds, mean fraction of the oracle of the
-    episodes finished since the last rollout)`` after every rollout."""
+    episodes finished since the last rollout)`` after every rollout; TensorBoard gets the same
+    fraction as ``rollout/fraction_of_oracle``."""
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
 
     torch.set_num_threads(1)
     num_envs = 16
-    venv = make_vec_env(profile, prior, num_envs, seed + 1, k)
+    venv = make_vec_env(new_agent, sample, num_envs, seed + 1, k)
     model = PPO("MlpPolicy", venv, n_steps=64, batch_size=256, n_epochs=5, gamma=0.9, gae_lambda=0.9,
                 learning_rate=3e-4, ent_coef=0.003, policy_kwargs={"net_arch": list(NET_ARCH)}, seed=seed,
                 device="cpu", verbose=0, tensorboard_log=tensorboard_log)
@@ -165,8 +175,11 @@ def learn(profile: Profile, prior: Prior, timesteps: int, seed: int = 0, k: floa
             return True
 
         def _on_rollout_end(self) -> None:
-            if curve is not None and venv.finished:
-                curve.append((self.num_timesteps, time.monotonic() - t0, float(np.mean(venv.finished))))
+            if venv.finished:
+                fraction = float(np.mean(venv.finished))
+                self.logger.record("rollout/fraction_of_oracle", fraction)  # TensorBoard, with --tensorboard
+                if curve is not None:
+                    curve.append((self.num_timesteps, time.monotonic() - t0, fraction))
                 venv.finished.clear()
 
     model.learn(int(timesteps), callback=Budget(), progress_bar=progress)
@@ -230,8 +243,9 @@ def train_tuned(profile: Profile, out: str, *, timesteps: Optional[int] = None, 
     prior = Prior.of(profile, k)
     budget = DEFAULT_TIMESTEPS if timesteps is None else int(timesteps)
     curve: List[Tuple[int, float, float]] = []
-    arrays, done, reason = learn(profile, prior, budget, seed=seed, k=k, max_seconds=max_seconds, progress=progress,
-                                 tensorboard_log=tensorboard_log, curve=curve)
+    arrays, done, reason = learn(lambda: prior.policy(max_threads=profile.max_threads, k=k),
+                                 lambda rng: NB.episode(profile, rng), budget, seed=seed, k=k, max_seconds=max_seconds,
+                                 progress=progress, tensorboard_log=tensorboard_log, curve=curve)
     from automdt.agents.ppo import ActorMLP
 
     actor = ActorMLP(arrays, "Tanh", [len(T.CHOICES)] * 3, in_dim=T.FRAME_DIM * T.FRAME_STACK)

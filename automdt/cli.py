@@ -147,8 +147,8 @@ def _transfer_parser(sub) -> None:
     _add_engine_options(t)
     t.add_argument("--policy", metavar="SPEC", default=None, type=A.nonempty,
                    help="thread-count policy: default (the shield around the capacity controller; the default "
-                        "unless --threads is given), capacity, ppo (the shipped PPO network), PATH.zip or ppo:PATH (a "
-                        "policy from `automdt train`), marlin, falcon, globus (static 4,32,4), static:R,N,W, "
+                        "unless --threads is given), capacity, ppo (the shipped PPO network), PATH.zip (a policy "
+                        "file from `automdt train`, under the shield), ppo:PATH (the same file bare), marlin, falcon, globus (static 4,32,4), static:R,N,W, "
                         "heuristic, model, topdown, shield:SPEC (SPEC under the shield), or MODULE:FACTORY "
                         "(your own class)")
     t.add_argument("--checksum", action="store_true", help="skip files by content digest instead of size+mtime")
@@ -293,23 +293,27 @@ def _explore_parser(sub) -> None:
 
 
 def _train_parser(sub) -> None:
-    tr = sub.add_parser("train", help="train a PPO policy offline in the simulator",
-                        description="Train a PPO agent (stable-baselines3) in the buffer simulator configured by "
-                                    "--profile (or on broadly randomised profiles without one). With --profile it "
-                                    "fine-tunes the shipped default policy, judged from several start triples, and "
-                                    "stops once it reaches the target (often at once: the default is good on most "
-                                    "paths); the policy starts at the profile's optimum. Writes the model zip, "
-                                    "a JSON sidecar, and a learning curve (CSV and PNG). Says so when the time "
-                                    "budget ends training before the target.", epilog=EPILOG_EXIT)
+    tr = sub.add_parser("train", help="train a policy for a path (or a general PPO network) offline in the simulator",
+                        description="With --profile: train the default controller's learned part for that path with "
+                                    "PPO (stable-baselines3) in the simulator, on the profile and the paths near it "
+                                    "(the fit's uncertainty, noise, changes after the exploration), validate it against "
+                                    "the default controller on paths training never saw, and write the best of the "
+                                    "trained network, the profile's start alone, or the default itself, whichever "
+                                    "does not lose to the default; it prints which, with the validation figures. The "
+                                    "file runs under the shield with `transfer --policy FILE.zip`. Without --profile: "
+                                    "train a general PPO network over randomised profiles. Writes the model zip, a "
+                                    "JSON sidecar and a learning curve. Says so when the time budget ends training "
+                                    "before the target.", epilog=EPILOG_EXIT)
     tr.add_argument("--profile", metavar="PROFILE.yaml", type=A.nonempty,
                     help="profile from `automdt explore` (default: random profiles)")
     tr.add_argument("-o", "--output", required=True, metavar="POLICY.zip", type=A.nonempty,
                     help="policy file to write (.zip appended if missing), with POLICY.zip.json beside it")
     tr.add_argument("--timesteps", type=A.integer(1), default=None, metavar="N",
-                    help="environment steps (default: until the target or the budget)")
+                    help="environment steps (default with --profile: 120000; without: until the target or the budget)")
     tr.add_argument("--seed", type=A.integer(0), default=0, help="seed of everything random (default 0)")
     tr.add_argument("--target", type=A.number(0.0, 1.0, lo_open=True, what="a fraction"), default=0.95, metavar="F",
-                    help="stop once this fraction of the oracle is reached, 0 < F <= 1 (default 0.95)")
+                    help="the fraction of the oracle to reach, 0 < F <= 1 (default 0.95): without --profile training "
+                         "stops there; with it, on the path as explored, `train` says when it is missed")
     tr.add_argument("--max-seconds", type=A.seconds(), default=None, metavar="SECONDS", help="wall-time budget")
     tr.add_argument("--k", type=A.number(1.0, 2.0, what="a utility base"), default=1.02,
                     help="utility base per thread, 1..2 (default 1.02)")

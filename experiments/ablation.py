@@ -195,6 +195,11 @@ def make_controller(label: str, case: Case) -> Any:
         from automdt.experiments import headroom
 
         return headroom.make(label, case)
+    if label.startswith("selector:"):  # a general selector file (experiments/selector.py), under the shield
+        from automdt.agents.shield import Shield
+        from automdt.experiments.selector import load
+
+        return Shield(load(label.split(":", 1)[1], m), max_threads=m)
     if label == "residual":  # the learned residual on the capacity controller (experiments/residual.py)
         from automdt.experiments.residual import ResidualPolicy
 
@@ -454,7 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from automdt.agents.registry import check_spec
 
         for lab in labels:
-            if lab not in ("default", "best-static", "residual", "capacity-true", "oracle-lag1"):
+            if lab not in ("default", "best-static", "residual", "capacity-true", "oracle-lag1") \
+                    and not lab.startswith("selector:"):
                 try:
                     check_spec(lab)
                 except ValueError as e:

@@ -374,7 +374,7 @@ def summarize(transfers: Sequence[Dict[str, Any]], paths: Dict[str, Dict[str, An
                                                      if t["recovered_all"] is not None])
             d["recovered_all_reps"] = sum(1 for t in rs if t["recovered_all"])
             d["longest_low_run"] = _median([t["longest_low_run"] for t in rs])
-            d["to90_start_intervals"] = _median([_worst(t["to90_start_intervals"]) for t in rs])
+            d["to90_start_intervals"] = _median([_worst(t.get("to90_start_intervals")) for t in rs])
             d["low_intervals"] = _median([t["low_intervals"] for t in rs])
             for s in STAGES + ("total",):
                 d[f"mean_threads_{s}"] = _median([t[f"mean_threads_{s}"] for t in rs])

@@ -153,3 +153,22 @@ def test_train_profile_writes_a_file_that_simulate_and_transfer_run(tmp_path):
                            "--json", "--no-lock")
     assert rc == 0 and out["files_transferred"] == 3, err
     assert "trained for" in err and str(tmp_path / "elsewhere") in err
+
+
+def test_a_written_sidecar_matches_its_schema_and_the_help_states_the_budget(tmp_path):
+    import jsonschema
+
+    from automdt.agents.tuned_training import DEFAULT_TIMESTEPS
+    from automdt.cli import build_parser
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "schemas", "tuned-policy-metadata.schema.json")) as f:
+        schema = json.load(f)
+    _random_file(tmp_path)
+    meta = json.loads((tmp_path / "p.zip.json").read_text())
+    meta.update(validation={"scores": {"none": {"explored": 0.9}}}, trained_on=dict(meta["trained_on"], profile=None))
+    jsonschema.Draft202012Validator(schema).validate(meta)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(schema).validate(dict(meta, learned="everything"))
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    assert str(DEFAULT_TIMESTEPS) in train.format_help().replace(",", "")

@@ -348,7 +348,7 @@ def test_profile_trained_policy_starts_at_its_oracle(tiny_policy_path, make_tree
     src = make_tree({f"f{i:02d}.bin": 1 << 20 for i in range(40)})
     _, lines, _ = _run(src, str(tmp_path / "dst"), tmp_path / "1.jsonl", "--policy", str(tiny_policy_path),
                        "--no-history")
-    assert lines[0]["start"]["source"] == "profile" and lines[0]["policy"] == f"ppo:{tiny_policy_path}"
+    assert lines[0]["start"]["source"] == "profile" and lines[0]["policy"] == f"shield:ppo:{tiny_policy_path}"  # a file runs under the shield
     assert tuple(lines[0]["start"]["threads"].values()) == oracle(Profile.default()).threads
 
 

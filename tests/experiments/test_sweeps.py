@@ -107,23 +107,22 @@ def test_train_tensorboard_logs(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tb = tmp_path / "tb"
-    # --target 1.0: the fine-tuned default would reach 0.95 at the first evaluation, before any update
     code, _, err = run_cli("train", "-o", str(tmp_path / "p.zip"), "--timesteps", "16384", "--tensorboard", str(tb),
-                           "--no-progress", "--target", "1.0", "--profile", _profile(tmp_path), timeout=260)
+                           "--no-progress", "--profile", _profile(tmp_path), timeout=260)
     assert code == 0, err
     runs = sorted(glob.glob(str(tb / "PPO_*")))
     assert [os.path.basename(r) for r in runs] == ["PPO_1"]
     acc = EventAccumulator(runs[0])
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"eval/fraction_of_oracle", "train/value_loss", "train/entropy_loss", "time/fps"} <= tags, tags
-    fr = acc.Scalars("eval/fraction_of_oracle")
+    assert {"rollout/fraction_of_oracle", "train/value_loss", "train/entropy_loss", "time/fps"} <= tags, tags
+    fr = acc.Scalars("rollout/fraction_of_oracle")
     with open(tmp_path / "p.curve.csv") as f:
         curve = list(csv.DictReader(f))
-    assert [e.step for e in fr] == [int(r["timesteps"]) for r in curve]
+    assert [e.step for e in fr] == [int(r["timesteps"]) for r in curve] and len(curve) >= 10
     assert [round(e.value, 4) for e in fr] == [round(float(r["fraction_of_oracle"]), 4) for r in curve]
     meta = json.loads((tmp_path / "p.zip.json").read_text())
-    assert max(e.value for e in fr) == pytest.approx(meta["fraction_of_oracle"], abs=1e-6)
+    assert meta["training"]["timesteps"] == fr[-1].step
     # a second run gets its own directory, as SB3 numbers them
     code, _, err = run_cli("train", "-o", str(tmp_path / "q.zip"), "--timesteps", "4096", "--tensorboard", str(tb),
                            "--no-progress", "--profile", _profile(tmp_path), timeout=200)
