@@ -100,11 +100,27 @@ def validation_set(profile: Profile, per_kind: int, seed: int, steps: int = STEP
     return out
 
 
-def run_episode(policy: Any, ep: Episode, seed: int, k: float = K_DEFAULT, steps: int = STEPS) -> List[float]:
-    """``policy`` (reset, act) on ``ep`` in the simulator; per interval, its utility as a fraction
-    of the oracle's on the path in force (the ablation's score, interval by interval)."""
-    from automdt.simulator.env import BufferSimEnv
+def delivered_utility(info: Dict[str, Any], k: float = K_DEFAULT) -> float:
+    """The interval's utility counted on what reached the destination: the delivered (write) rate
+    times ``sum_i k^-n_i``. In steady state it is the papers' utility (every stage moves the
+    bottleneck's rate); unlike it, bytes read or sent into a staging buffer and not yet written
+    earn nothing, so filling the buffers with surplus threads does not pay."""
+    n = info["observation"].threads
+    return float(info["sim/write/moved_bps"]) * sum(k ** -int(x) for x in n)
+
+
+def oracle_delivered(profile: Profile, k: float = K_DEFAULT) -> float:
+    """:func:`delivered_utility` of the oracle's steady state on ``profile``."""
     from automdt.simulator.oracle import oracle
+
+    best = oracle(profile, k)
+    return float(best.throughput_bps) * sum(k ** -int(x) for x in best.threads)
+
+
+def run_episode(policy: Any, ep: Episode, seed: int, k: float = K_DEFAULT, steps: int = STEPS) -> List[float]:
+    """``policy`` (reset, act) on ``ep`` in the simulator; per interval, its
+    :func:`delivered_utility` as a fraction of the oracle's on the path in force."""
+    from automdt.simulator.env import BufferSimEnv
 
     start = policy.reset(ep.profile.max_threads, seed)
     env = BufferSimEnv(ep.profile, k=k, episode_steps=steps, random_start=False, chunk_bytes=ep.chunk_bytes)
@@ -118,7 +134,7 @@ def run_episode(policy: Any, ep: Episode, seed: int, k: float = K_DEFAULT, steps
                 env.set_path(prof)
         p = ep.profile_at(step)
         if id(p) not in best:
-            best[id(p)] = oracle(p, k).utility
+            best[id(p)] = oracle_delivered(p, k)
         _, _, _, _, info = env.step_threads(tuple(int(x) for x in triple))
-        out.append(float(info["sim/utility"]) / best[id(p)])
+        out.append(delivered_utility(info, k) / best[id(p)])
     return out

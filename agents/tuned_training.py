@@ -5,7 +5,9 @@
    after the exploration). In every interval the capacity controller proposes, the network picks
    per stage one of :data:`automdt.agents.tuned.CHOICES`, and the shield (the same object as in a
    transfer) filters the result. The reward is the interval's utility as a fraction of the oracle's
-   on the path in force. The output layer starts with "capacity" ahead, so training starts from the
+   on the path in force, counted on what reached the destination
+   (:func:`automdt.agents.neighbourhood.delivered_utility`: a staging buffer filled by surplus
+   threads earns nothing). The output layer starts with "capacity" ahead, so training starts from the
    default controller.
 2. **Validate** (:func:`validate`): on validation paths near P drawn from a stream training never
    saw (the explored path unchanged and each change), each candidate runs under the shield beside
@@ -89,7 +91,6 @@ def make_vec_env(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.ra
     driven by an agent from ``new_agent`` (a :class:`~automdt.agents.tuned.TunedPolicy` whose
     network is the one being trained) under the shield."""
     from automdt.simulator.env import BufferSimEnv
-    from automdt.simulator.oracle import oracle
     from automdt.simulator.sb3 import ControllerVecEnv
 
     class TunedVecEnv(ControllerVecEnv):
@@ -127,10 +128,10 @@ def make_vec_env(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.ra
             p = ep.profile_at(self.steps[i])
             best = self.best[i]
             if id(p) not in best:
-                best[id(p)] = oracle(p, k).utility
+                best[id(p)] = NB.oracle_delivered(p, k)
             _, _, _, truncated, info = env.step_threads(threads)
             self.steps[i] += 1
-            r = float(info["sim/utility"]) / best[id(p)]
+            r = NB.delivered_utility(info, k) / best[id(p)]
             self.returns[i] += r
             if truncated:
                 self.finished.append(self.returns[i] / self.steps[i])

@@ -669,7 +669,8 @@ class SimCore:
         """One interval with the engine's chunk effects (see :func:`measure_interval`).
 
         Threads above a lowered count finish the chunk they hold (their remaining bytes add to the
-        interval's work and busy time); slots held by busy threads (readers and senders on the
+        interval's work and busy time, within the stage's bandwidth: alternating counts cannot move
+        more than the stage can); slots held by busy threads (readers and senders on the
         sender side, writers on the receiver side) count in the buffer fill the engine reports and
         leave that much less room for queued chunks.
         """
@@ -686,7 +687,9 @@ class SimCore:
         qmax = (np.maximum(smax - held_s, chunk), np.maximum(rmax - held_r, chunk))
         per_thread = np.minimum(tptf, cap / np.maximum(threads, 1))
         S0, R0 = self.S[sel], self.R[sel]
-        S, R, moved = run_interval(S0, R0, cap + extra / dt, dt, smax, rmax, self.substeps, qmax)
+        # the chunks of leaving threads are finished within the stage's bandwidth, not on top of it
+        total = np.minimum(cap + extra / dt, np.maximum(cap, bwf))
+        S, R, moved = run_interval(S0, R0, total, dt, smax, rmax, self.substeps, qmax)
         if first:  # a transfer's first interval: the pipeline fills (see startup_share)
             share = startup_share(S0, R0, chunk, np.minimum(tptf, bwf), dt)
             x = np.minimum(moved[:, 1], share[:, 1] * (S0 + moved[:, 0]))

@@ -299,3 +299,22 @@ def test_mixed_starts():
     assert threads[rand].max() == 32 and (fill[rand] >= 0).all() and (fill[rand] <= 1).all()
     assert (fill[drain, 0] >= 0.7).all()  # a full sender buffer the threads may drain
     assert threads[drain].max() == 32
+
+
+def test_alternating_counts_cannot_move_more_than_a_stage_can():
+    """Threads that leave finish the chunk they hold within the stage's bandwidth: a policy that
+    lowers and raises a count every interval moves no more than the bandwidth on average."""
+    from automdt.simulator.env import BufferSimEnv
+    from automdt.simulator.profile import Profile, StageProfile
+
+    mb = 1e6
+    prof = Profile(read=StageProfile(5 * mb, 48 * mb), net=StageProfile(25 * mb, 800 * mb),
+                   write=StageProfile(25 * mb, 800 * mb), sender_buffer=128 << 20, receiver_buffer=128 << 20,
+                   interval_s=1.0, max_threads=32, noise=0.0)
+    env = BufferSimEnv(prof, episode_steps=40, random_start=False, chunk_bytes=4 << 20)
+    _, info = env.reset(seed=0, options={"threads": (10, 2, 2)})
+    written = 0.0
+    for t in range(40):
+        _, _, _, _, info = env.step_threads((32, 7, 2) if t % 2 == 0 else (10, 7, 8))
+        written += info["sim/write/moved_bps"]
+    assert written / 40 <= 1.05 * prof.read.bandwidth  # (before: twice the bandwidth)
