@@ -15,7 +15,9 @@ with a seed of its own, :data:`SEED`; training never sees them) in the families 
    transfer share the network for a while), with :data:`REPS` noise draws each.
 
 Scores are fractions of the oracle over whole episodes (the start counts: a trained file starts at
-the explored optimum). The results file ``workflow-sim.json`` holds every row and the summary; the
+the explored optimum), each interval's utility counted on what reached the destination
+(:func:`automdt.agents.neighbourhood.delivered_utility`: bytes parked in a staging buffer earn
+nothing), as training and validation count it. The results file ``workflow-sim.json`` holds every row and the summary; the
 targets: trained at least the default + 0.03 on the path as explored, at least the default - 0.005
 when it changes.
 """
@@ -148,7 +150,8 @@ def tables(path: str) -> str:
     lines = [f"Workflow in the simulator: {c['paths']} held-out paths (seed {c['seed']}), each explored with a "
              f"{c['fit_error']:.0%} fit error, trained with `automdt train --profile` defaults (median "
              f"{s['train_s_median']:.0f} s), run under the shield beside the default, {c['reps']} noise draws; "
-             f"{c['date']}, commit {c['commit']}. Fraction of the oracle over whole episodes; difference [95% CI] "
+             f"{c['date']}, commit {c['commit']}. Fraction of the oracle (delivered utility) over whole episodes; "
+             f"difference [95% CI] "
              f"over paths. Learned part written: "
              + ", ".join(f"{k} {v}" for k, v in sorted(s["learned"].items())) + ".", ""]
     targets = [("explored", "all", 0.03, "trained >= default + 0.03 on the path as explored"),
