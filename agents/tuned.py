@@ -170,10 +170,8 @@ class TunedPolicy:
         """The counts for the network's ``choice`` after :meth:`observe`."""
         assert self.obs is not None, "observe before choose"
         current = clamp_triple(self.obs.threads, self.max_threads)
-        out = clamp_triple(select(choice, self.proposal, current, clamp_triple(self.prior, self.max_threads)),
-                           self.max_threads)
-        self.base.current = out
-        return out
+        return clamp_triple(select(choice, self.proposal, current, clamp_triple(self.prior, self.max_threads)),
+                            self.max_threads)
 
     def act(self, obs: Observation) -> Triple:
         x = self.observe(obs)
@@ -313,10 +311,11 @@ def path_note(meta: Mapping[str, Any], src: str, dest: str) -> Optional[str]:
     want_src, want_dest = trained.get("src"), trained.get("dest")
     if not want_src or not want_dest:
         return None
-    same_src = os.path.abspath(src) == os.path.abspath(want_src) if "/" in src or os.path.exists(src) else src == want_src
-    host = dest.split("/", 1)[0] if ":" in dest.split("/", 1)[0] else None
-    want_host = want_dest.split("/", 1)[0] if ":" in want_dest.split("/", 1)[0] else None
-    if same_src and host == want_host:
+    def host(d: str) -> Optional[str]:  # HOST:PORT of a remote DEST, None for a local one
+        head = d.split("/", 1)[0]
+        return head if ":" in head else None
+
+    if os.path.abspath(src) == os.path.abspath(want_src) and host(dest) == host(want_dest):
         return None
     return (f"this policy was trained for {want_src} -> {want_dest} (explored {trained.get('explored', '?')}); "
             f"this transfer is {src} -> {dest}: the default controller's measurements take over where the path differs")

@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from automdt.agents.capacity import HYSTERESIS, CapacityPolicy
+from automdt.agents.capacity import CapacityPolicy
 from automdt.policy_contract import K_DEFAULT, Observation, Triple, clamp_triple
 from automdt.simulator.oracle import oracle
 from automdt.simulator.profile import Profile
@@ -68,15 +68,11 @@ class TrueCapacityPolicy(CapacityPolicy):
         self.step = 0
         return super().reset(max_threads, seed)
 
-    def act(self, obs: Observation) -> Triple:
+    def observe(self, obs: Observation) -> None:
+        """Instead of measuring: the true curves of the path in force during the previous interval."""
         prof = self.path_at(max(0, self.step - 1))
         self.step += 1
         self.stages = [_KnownStage(c, float(prof.noise)) for c in true_curves(prof)]  # type: ignore[misc]
-        self.current = clamp_triple(obs.threads, self.max_threads)
-        new, util, now = self.solve()
-        if util > (1.0 + HYSTERESIS) * now:
-            self.current = clamp_triple(new, self.max_threads)
-        return self.current
 
 
 class LaggedOraclePolicy:

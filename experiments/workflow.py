@@ -213,7 +213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 # ---------------------------------------------------------------------------------- the engine
 EXPLORE_S = 30.0
-"""Seconds of ``automdt explore`` on each engine path (as the issue's measurement: ``--duration 30``)."""
+"""Seconds of ``automdt explore`` on each engine path (an operator's short exploration, ``--duration 30``)."""
 PREDICT_STEPS = 30
 """Intervals of ``automdt simulate`` per controller on the explored profile."""
 
