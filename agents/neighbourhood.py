@@ -8,9 +8,12 @@ episodes of :func:`episode` draw a *true* path around the explored profile and, 
   of the fit's relative spread (at least :data:`MIN_SPREAD`); a value explore reports as a lower
   bound (never seen limiting) may be up to :data:`LOWER_BOUND_REACH` times higher;
 * **noise**: the profile's noise level scaled by 0.5-2 (at least 1%);
-* **changes** (:data:`DRIFTS`): ``moving`` (every stage rescaled by 0.3-3x at one or two random
-  intervals), ``moved-early`` (the same within the first ten intervals: the path is no longer
-  the one explored when the transfer starts), ``link`` (the network's bandwidth drops to 20-70%
+* **changes** (:data:`DRIFTS`): ``moving`` (every stage rescaled by 1/:data:`MOVE_RANGE` to
+  :data:`MOVE_RANGE` at one or two random intervals), ``moved-early`` (the same within the first
+  ten intervals: the path is no longer the one explored when the transfer starts), ``moved-far``
+  (within the first ten intervals one stage carries :data:`FAR_RANGE` of its explored capacity,
+  beyond the trusted band of :func:`trust`: the bottleneck moves to a stage that exploring never
+  saw limiting), ``link`` (the network's bandwidth drops to 20-70%
   and recovers) and ``competing`` (2-40 connections of another transfer share the network for a
   while).
 
@@ -28,7 +31,7 @@ from automdt.agents.families import STEPS, Episode, network_change
 from automdt.policy_contract import K_DEFAULT
 from automdt.simulator.profile import Profile, StageProfile
 
-DRIFTS = ("moving", "moved-early", "link", "competing")
+DRIFTS = ("moving", "moved-early", "moved-far", "link", "competing")
 """The changes a path makes after it was explored."""
 DRIFT_SHARE = 0.5
 """Share of episodes in which the path changes during the transfer."""
@@ -36,6 +39,12 @@ MIN_SPREAD = 0.05
 """Least relative uncertainty of a fitted value (a fit is never exact)."""
 LOWER_BOUND_REACH = 3.0
 """How far above a lower-bound estimate the true value may lie."""
+MOVE_RANGE = 3.0
+"""A ``moving`` change rescales each stage by a factor between 1/MOVE_RANGE and MOVE_RANGE."""
+FAR_RANGE = (0.03, 0.25)
+"""A ``moved-far`` change rescales one stage by a factor in this range."""
+TRUST_SIGMAS = 3.0
+"""Fit spreads by which a measurement may lie beyond the moves before a trained network is retired."""
 MiB = 2 ** 20
 
 
@@ -67,11 +76,17 @@ def _drift(rng: np.random.Generator, base: Profile, kind: str, steps: int) -> Li
               sorted({int(x) for x in rng.integers(10, steps - 8, size=int(rng.integers(1, 3)))}))
         out = []
         for a in at:
-            g = [math.exp(rng.uniform(math.log(0.3), math.log(3.0))) for _ in range(3)]
+            g = [math.exp(rng.uniform(-math.log(MOVE_RANGE), math.log(MOVE_RANGE))) for _ in range(3)]
             out.append((a, base.replace(**{n: StageProfile(s.tpt * f, s.bandwidth * f, contention=s.contention,
                                                            coherency=s.coherency)
                                           for n, s, f in zip(("read", "net", "write"), base.stages, g)})))
         return out
+    if kind == "moved-far":
+        s = int(rng.integers(3))
+        f = float(rng.uniform(*FAR_RANGE))
+        st = base.stages[s]
+        far = StageProfile(st.tpt * f, st.bandwidth * f, contention=st.contention, coherency=st.coherency)
+        return [(int(rng.integers(1, 10)), base.replace(**{("read", "net", "write")[s]: far}))]
     a = int(rng.integers(5, steps - 20))
     b = min(a + int(rng.integers(6, 25)), steps - 1)
     return [(a, base.replace(net=network_change(base, kind, rng))), (b, base)]
@@ -89,6 +104,26 @@ def episode(profile: Profile, rng: np.random.Generator, steps: int = STEPS, drif
     events = [] if drift == "none" else _drift(rng, base, drift, steps)
     chunk = float((profile.meta or {}).get("chunk_bytes") or 4 * MiB)
     return Episode("explored" if drift == "none" else drift, base, events, chunk)
+
+
+def trust(profile: Profile) -> Dict[str, Any]:
+    """The band in which a trained network is trusted (:class:`automdt.agents.tuned.TunedPolicy`),
+    as its sidecar's ``trust``: per stage the explored capacity at 1..max_threads, and the lowest
+    and highest measured multiple of it the training's paths reach: the moves' range times
+    :data:`TRUST_SIGMAS` of the fit's spread; no upper bound for a stage whose rate or bandwidth
+    explore saw only as a lower bound."""
+    from automdt.simulator.profile import capacity
+
+    conf = ((profile.meta or {}).get("fit") or {}).get("confidence") or {}
+    n = np.arange(1, profile.max_threads + 1)
+    caps, low, high = [], [], []
+    for name, st in zip(("read", "net", "write"), profile.stages):
+        c = conf.get(name) or {}
+        reach = MOVE_RANGE * math.exp(TRUST_SIGMAS * max(st.tpt_spread, st.bandwidth_spread, MIN_SPREAD))
+        caps.append([float(x) for x in np.asarray(capacity(st, n, profile.capacity_model))])
+        low.append(1.0 / reach)
+        high.append(None if not (c.get("tpt_measured", True) and c.get("bandwidth_measured", True)) else reach)
+    return {"capacity": caps, "low": low, "high": high}
 
 
 def validation_set(profile: Profile, per_kind: int, seed: int, steps: int = STEPS) -> List[Episode]:

@@ -16,6 +16,14 @@ counts that ran, the proposal and the prior on a log scale, the delivered rate a
 profile's optimum, the buffers' fill; :data:`FRAME_STACK` intervals of it. Its output layer
 starts with ``capacity`` :data:`KEEP_BIAS` logits ahead, so training starts from the default.
 
+**Trust.** The network was trained on the paths near the explored one, and its choices mean
+nothing on a path far from them. Each stage's measured capacity (its ``n`` threads' rate while
+busy, sampled as the capacity controller samples it) is compared with what the explored profile
+predicts at ``n`` (:attr:`TunedPolicy.trust`, written by training: the neighbourhood's reach). When
+a stage carries less than the lower bound, or more than the upper one, in :data:`DISTRUST`
+consecutive samples, the network is retired for the rest of the run and a fresh capacity controller
+drives alone from its start: the default, measuring the path it finds.
+
 A file without a network (``learned: none`` in its metadata: training found no gain that held
 on the validation paths) runs the capacity controller from the profile's optimum, or from the
 default's start.
@@ -34,8 +42,8 @@ import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from automdt.agents.capacity import CapacityPolicy
-from automdt.policy_contract import K_DEFAULT, Observation, Triple, clamp_triple, finite
+from automdt.agents.capacity import MIN_BUSY_S, CapacityPolicy
+from automdt.policy_contract import K_DEFAULT, STAGES, Observation, Triple, clamp_triple, finite
 
 FORMAT = "automdt-tuned/1"
 """Value of ``format`` in a tuned policy's sidecar."""
@@ -52,6 +60,8 @@ LOG_CLIP = 3.0
 """Bound of the log-ratio inputs (a factor of e^3 ~ 20 either way)."""
 WEIGHTS_ENTRY = "automdt_actor.npz"
 """The zip entry with the network's weights (the names :class:`automdt.agents.ppo.ActorMLP` reads)."""
+DISTRUST = 2
+"""Consecutive samples outside the trusted band after which the network is retired."""
 LEARNED = ("network", "prior", "none")
 """What a file's learned part is: the selector network, the profile's start alone, or nothing
 (the default controller)."""
@@ -108,6 +118,10 @@ class TunedPolicy:
     :param start: ``"prior"`` (start at the profile's optimum) or ``"default"`` (the capacity
         controller's own start).
     :param metadata: the file's sidecar, if any.
+    :param trust: per stage ``(capacity by count, lowest factor, highest factor)``: the explored
+        profile's capacity at ``n`` threads (index ``n - 1``) and how far a measurement may lie
+        from it before it counts against the network (see the module docstring); None: always
+        trusted.
     """
 
     asked_in_tail = True
@@ -115,7 +129,8 @@ class TunedPolicy:
 
     def __init__(self, prior: Triple, prior_tpt: Sequence[float], prior_rate: float, actor: Any = None, *,
                  start: str = "prior", max_threads: int = 32, k: float = K_DEFAULT,
-                 metadata: Optional[Dict[str, Any]] = None, label: str = "tuned") -> None:
+                 metadata: Optional[Dict[str, Any]] = None, label: str = "tuned",
+                 trust: Optional[Sequence[Tuple[Sequence[float], float, float]]] = None) -> None:
         self.prior = clamp_triple(prior, 1 << 30)
         self.prior_tpt = [float(x) for x in prior_tpt]
         self.prior_rate = float(prior_rate)
@@ -124,6 +139,7 @@ class TunedPolicy:
         self.metadata = dict(metadata or {})
         self.name = label
         self.base = CapacityPolicy(k=self.k, max_threads=max_threads)
+        self.trust = [([float(c) for c in caps], float(lo), float(hi)) for caps, lo, hi in trust] if trust else None
         if start == "prior":
             self.start_source = "profile"
             self.start_threads: Triple = self.prior
@@ -151,15 +167,46 @@ class TunedPolicy:
         self.step = 0
         self.proposal: Triple = start
         self.obs: Optional[Observation] = None
+        self._last: Optional[Triple] = None
+        self._outside = [0, 0, 0]
+        self.retired: Optional[str] = None
+        """Why the network stopped driving (None while it drives)."""
         return start
 
     def start_from(self, threads: Triple) -> None:
         self.base.start_from(threads)
 
+    @property
+    def annotation(self) -> Dict[str, Any]:
+        """What the transfer's interval log records about the selector."""
+        if not self.has_network:
+            return {}
+        return {"tuned": "selector" if self.retired is None else f"capacity ({self.retired})"}
+
+    def _check_trust(self, obs: Observation) -> None:
+        """Count the stages' samples outside the trusted band; retire the network after :data:`DISTRUST`."""
+        last, self._last = self._last, tuple(int(n) for n in obs.threads)  # type: ignore[assignment]
+        if (self.trust is None or self._actor is None or self.retired is not None or obs.busy_s is None
+                or last is None):
+            return
+        for s, (caps, lo, hi) in enumerate(self.trust):
+            n, busy = int(obs.threads[s]), finite(obs.busy_s[s])
+            if busy < MIN_BUSY_S or last[s] != n or n > len(caps):
+                continue  # no sample, as for the capacity controller
+            ratio = n * finite(obs.throughput_bps[s]) * obs.interval_s / busy / caps[n - 1]
+            self._outside[s] = self._outside[s] + 1 if not lo <= ratio <= hi else 0
+            if self._outside[s] >= DISTRUST:
+                self.retired = f"{STAGES[s]} carried {ratio:.2g}x the explored capacity at {n} threads"
+                # a fresh capacity controller, as the default starts: from counts that measure every stage
+                self.base.reset(self.max_threads)
+                return
+
     def observe(self, obs: Observation) -> List[float]:
         """Let the capacity controller measure and propose; return the network's input."""
         self.obs = obs
-        self.proposal = self.base.act(obs)
+        retired = self.retired
+        self._check_trust(obs)
+        self.proposal = self.base.act(obs) if self.retired is None or retired is not None else self.base.current
         frame = features(obs, self.proposal, clamp_triple(self.prior, self.max_threads), self.prior_tpt,
                          self.prior_rate, self.step)
         self.step += 1
@@ -169,13 +216,15 @@ class TunedPolicy:
     def choose(self, choice: Sequence[int]) -> Triple:
         """The counts for the network's ``choice`` after :meth:`observe`."""
         assert self.obs is not None, "observe before choose"
+        if self.retired is not None:
+            return self.proposal
         current = clamp_triple(self.obs.threads, self.max_threads)
         return clamp_triple(select(choice, self.proposal, current, clamp_triple(self.prior, self.max_threads)),
                             self.max_threads)
 
     def act(self, obs: Observation) -> Triple:
         x = self.observe(obs)
-        if self.actor is None:
+        if self.actor is None or self.retired is not None:
             return self.proposal
         return self.choose([int(c) for c in self.actor.mode(x)[0]])
 
@@ -226,6 +275,8 @@ def check_tuned_file(path: Union[str, os.PathLike]) -> Tuple[Path, Dict[str, Any
     if (not isinstance(prior, Mapping) or not _triple_ok(prior.get("threads"))
             or not _numbers_ok(prior.get("tpt"), 3) or not _numbers_ok([prior.get("rate")], 1)):
         raise ppo.not_a_policy_error(p, "no valid prior (threads, tpt, rate) in its metadata")
+    if "trust" in meta and parse_trust(meta["trust"]) is None:
+        raise ppo.not_a_policy_error(p, "its trust (capacity, low, high per stage) is not valid")
     if meta.get("learned") not in LEARNED:
         raise ppo.not_a_policy_error(p, f"learned must be one of {list(LEARNED)}, got {meta.get('learned')!r}")
     return p, meta
@@ -238,6 +289,19 @@ def _triple_ok(t: Any) -> bool:
 def _numbers_ok(t: Any, n: int) -> bool:
     return (isinstance(t, list) and len(t) == n
             and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in t))
+
+
+def parse_trust(t: Any) -> Optional[List[Tuple[List[float], float, float]]]:
+    """The sidecar's ``trust`` (``{"capacity": [[c(1), ..., c(m)] per stage], "low": [...], "high":
+    [... or null for no upper bound]}``) as :class:`TunedPolicy` takes it; None when malformed."""
+    if not isinstance(t, Mapping):
+        return None
+    caps, low, high = t.get("capacity"), t.get("low"), t.get("high")
+    if (not isinstance(caps, list) or len(caps) != 3 or not all(isinstance(c, list) and c and _numbers_ok(c, len(c)) for c in caps)
+            or not isinstance(low, list) or not _numbers_ok(low, 3) or not isinstance(high, list) or len(high) != 3
+            or not all(h is None or _numbers_ok([h], 1) for h in high)):
+        return None
+    return [([float(x) for x in c], float(lo), math.inf if hi is None else float(hi)) for c, lo, hi in zip(caps, low, high)]
 
 
 def _actor_loader(p: Path, meta: Dict[str, Any]) -> Any:
@@ -276,7 +340,8 @@ def load_tuned(path: Union[str, os.PathLike], max_threads: int = 32, label: Opti
     r, n, w = (int(x) for x in prior["threads"])
     return TunedPolicy((r, n, w), prior["tpt"], float(prior["rate"]), actor,
                        start="default" if meta["learned"] == "none" else "prior", max_threads=max_threads,
-                       k=float(meta.get("k", K_DEFAULT)), metadata=meta, label=label or f"tuned:{os.fspath(path)}")
+                       k=float(meta.get("k", K_DEFAULT)), metadata=meta, label=label or f"tuned:{os.fspath(path)}",
+                       trust=parse_trust(meta["trust"]) if "trust" in meta else None)
 
 
 def write_tuned(path: Union[str, os.PathLike], meta: Mapping[str, Any], arrays: Optional[Mapping[str, Any]]) -> None:

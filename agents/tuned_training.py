@@ -52,21 +52,24 @@ NET_ARCH = [64, 64]
 
 @dataclass
 class Prior:
-    """What the explored profile says the path needs: its optimum counts, per-thread rates and rate."""
+    """What the explored profile says the path needs: its optimum counts, per-thread rates and
+    rate, and the band in which a network trained near it is trusted (:func:`automdt.agents.neighbourhood.trust`)."""
 
     threads: Triple
     tpt: List[float]
     rate: float
+    trust: Dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, profile: Profile, k: float = K_DEFAULT) -> "Prior":
         from automdt.simulator.oracle import oracle
 
         best = oracle(profile, k)
-        return cls(best.threads, [float(s.tpt) for s in profile.stages], float(best.throughput_bps))
+        return cls(best.threads, [float(s.tpt) for s in profile.stages], float(best.throughput_bps), NB.trust(profile))
 
     def policy(self, actor: Any = None, start: str = "prior", max_threads: int = 32, k: float = K_DEFAULT) -> T.TunedPolicy:
-        return T.TunedPolicy(self.threads, self.tpt, self.rate, actor, start=start, max_threads=max_threads, k=k)
+        return T.TunedPolicy(self.threads, self.tpt, self.rate, actor, start=start, max_threads=max_threads, k=k,
+                             trust=T.parse_trust(self.trust) if self.trust else None)
 
 
 @dataclass
@@ -261,6 +264,7 @@ def train_tuned(profile: Profile, out: str, *, timesteps: Optional[int] = None, 
     meta = {
         "learned": learned,
         "prior": {"threads": list(prior.threads), "tpt": prior.tpt, "rate": prior.rate},
+        "trust": prior.trust,
         "k": k, "max_threads": profile.max_threads, "frame_stack": T.FRAME_STACK, "choices": list(T.CHOICES),
         "policy_kwargs": {"net_arch": list(NET_ARCH), "activation_fn": "Tanh"},
         "trained_on": {"profile": os.path.abspath(profile_path) if profile_path else None,
@@ -269,7 +273,8 @@ def train_tuned(profile: Profile, out: str, *, timesteps: Optional[int] = None, 
                        "interval_s": profile.interval_s, "noise": profile.noise},
         "training": {"timesteps": done, "budget": budget, "stop_reason": reason, "seed": seed,
                      "wall_s": round(time.monotonic() - t0, 1), "neighbourhood": {
-                         "drift_share": NB.DRIFT_SHARE, "drifts": list(NB.DRIFTS), "min_spread": NB.MIN_SPREAD}},
+                         "drift_share": NB.DRIFT_SHARE, "drifts": list(NB.DRIFTS), "min_spread": NB.MIN_SPREAD,
+                         "move_range": NB.MOVE_RANGE, "far_range": list(NB.FAR_RANGE), "trust_sigmas": NB.TRUST_SIGMAS}},
         "validation": {"per_kind": VALIDATION_PER_KIND, "reps": VALIDATION_REPS, "gate_tolerance": GATE_TOLERANCE,
                        "scores": {n: {a: round(b, 4) for a, b in v.items()} for n, v in val.items()}},
         "automdt_version": __version__,

@@ -63,6 +63,49 @@ def test_the_gate_never_chooses_worse_than_the_default():
                    "prior": {"explored": 0.96, "changed": 0.93, "all": 0.945}, "none": base}) == "network"
 
 
+class _Stubborn:
+    """An actor that always picks the explored optimum: right on the explored path, wrong once it moved."""
+
+    def mode(self, x):
+        return np.full((1, 3), T.PRIOR)
+
+
+def _mean_under_shield(policy, ep, seeds=(0, 1)):
+    from automdt.agents.shield import Shield
+
+    return float(np.mean([np.mean(NB.run_episode(Shield(policy, max_threads=16), ep, seed=s)) for s in seeds]))
+
+
+def test_a_network_far_from_its_path_hands_over_to_the_default():
+    from automdt.agents.tuned_training import Prior
+
+    prof = _profile()
+    prior = Prior.of(prof)
+    far = NB.episode(prof, np.random.default_rng(5), drift="moved-far")
+    same = NB.episode(prof, np.random.default_rng(5), drift="none")
+    trusting = T.TunedPolicy(prior.threads, prior.tpt, prior.rate, _Stubborn(), max_threads=16)
+    guarded = prior.policy(_Stubborn(), "prior", 16)
+    default = prior.policy(None, "prior", 16)  # the default controller from the same start
+    d, g, t = (_mean_under_shield(p, far) for p in (default, guarded, trusting))
+    assert g >= d - 0.03, (g, d)  # the default controller drives once the path left the band
+    assert t < d - 0.05, (t, d)  # the same network without the band
+    assert guarded.retired is not None
+    # on the explored path the band keeps the network driving, and it scores what it is worth
+    assert _mean_under_shield(guarded, same) >= _mean_under_shield(prior.policy(None, "default", 16), same) - 0.01
+    assert guarded.retired is None and guarded.annotation == {"tuned": "selector"}
+
+
+def test_the_trust_band_widens_with_the_fit_and_opens_for_lower_bounds():
+    prof = _profile(spread=0.2).replace(meta={"fit": {"confidence": {"net": {"tpt_measured": False}}}})
+    band = NB.trust(prof)
+    assert band["high"][1] is None and band["high"][0] > NB.MOVE_RANGE
+    assert band["low"][0] < 1 / NB.MOVE_RANGE and len(band["capacity"][2]) == prof.max_threads
+    assert band["capacity"][1][0] == pytest.approx(60 * MB) and band["capacity"][1][-1] == pytest.approx(100 * MB)
+    assert T.parse_trust(band) is not None
+    assert T.parse_trust({**band, "low": [0.3, -1, 0.3]}) is None
+    assert T.parse_trust({**band, "capacity": band["capacity"][:2]}) is None
+
+
 def _random_file(tmp_path, learned="network"):
     rng = np.random.default_rng(0)
     d = T.FRAME_DIM * T.FRAME_STACK
