@@ -5,6 +5,8 @@ only); this module re-exports them where the policies look for them.
 """
 from __future__ import annotations
 
-from automdt.policy_contract import Observation, Policy, Triple, clamp_triple
+from automdt.policy_contract import (Features, Observation, OwnStart, Policy, PolicyBase, PolicyWrapper, Triple,
+                                     as_policy, clamp_triple)
 
-__all__ = ["Observation", "Policy", "Triple", "clamp_triple"]
+__all__ = ["Features", "Observation", "OwnStart", "Policy", "PolicyBase", "PolicyWrapper", "Triple", "as_policy",
+           "clamp_triple"]

@@ -38,7 +38,7 @@ import bisect
 import math
 from typing import Dict, List, Optional, Tuple
 
-from automdt.policy_contract import K_DEFAULT, Observation, Triple, clamp_triple, finite
+from automdt.policy_contract import K_DEFAULT, Features, Observation, OwnStart, PolicyBase, Triple, clamp_triple, finite
 
 BUSY = 0.9
 """Share of a stage's thread-seconds spent busy from which its capacity sample is exact."""
@@ -181,7 +181,7 @@ class _Stage:
         return out
 
 
-class CapacityPolicy:
+class CapacityPolicy(PolicyBase):
     """Measure every stage's capacity curve from busy-time counters, run the utility optimum.
 
     :param k: thread-cost base of the utility.
@@ -190,10 +190,6 @@ class CapacityPolicy:
     """
 
     name = "capacity"
-    asked_in_tail = True
-    """It acts in a run's tail too: the writers that drain the buffers are sized from their own counters."""
-    start_source = "policy"
-    """It takes a start (:func:`automdt.start.takes_start`): a job's history, or :attr:`start_threads`."""
 
     def __init__(self, k: float = K_DEFAULT, start: Triple = START, max_threads: Optional[int] = None) -> None:
         self.k = float(k)
@@ -206,6 +202,11 @@ class CapacityPolicy:
         self.current = clamp_triple(self.start_threads, self.max_threads)
         self._last: Optional[Tuple[int, ...]] = None
         return self.current
+
+    def features(self) -> Features:
+        """It takes a start (a job's history, or :attr:`start_threads`) and acts in a run's tail
+        too: the writers that drain the buffers are sized from their own counters."""
+        return Features(start=OwnStart(self.start_threads, "policy"), asked_in_tail=True)
 
     def start_from(self, threads: Triple) -> None:
         self.current = clamp_triple(threads, self.max_threads)

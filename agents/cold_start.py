@@ -89,7 +89,7 @@ def runs_from(policy: Any, profile: Profile, starts: Sequence[Tuple[int, int, in
     targets = np.array([s * profile.achievable_bps * profile.interval_s for s in sizes])
     sim = BatchedBufferSim(n, profile=profile, episode_steps=steps + 1, random_start=False, autoreset=False)
     obs, info = sim.reset(seed=[seed] * n, options={"threads": np.asarray(starts, dtype=np.int64)})
-    pipe = PolicyInput(n, policy.train_max_threads, policy.features, policy.frame_stack)
+    pipe = PolicyInput(n, policy.train_max_threads, policy.input_features, policy.frame_stack)
     x = pipe.reset(obs)
     done_at = np.full((n, len(targets)), np.nan)
     total = np.zeros(n)

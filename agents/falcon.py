@@ -26,7 +26,7 @@ import math
 from typing import Optional
 
 from automdt.agents.marlin import B_DEFAULT, K_DEFAULT, finite, network_utility
-from automdt.policy_contract import Observation, Triple, clamp_triple
+from automdt.policy_contract import Observation, PolicyBase, Triple, clamp_triple
 
 SOFT_LIMIT_MARGIN = 10
 """Headroom above the best concurrency seen (``soft_limit = best_cc + 10``)."""
@@ -36,7 +36,7 @@ MIN_CC = 2
 _METRICS = ("min", "net", "write")
 
 
-class FalconPolicy:
+class FalconPolicy(PolicyBase):
     """Falcon's momentum gradient descent on a single concurrency for all three stages.
 
     :param k: thread-cost base ``K``.

@@ -39,7 +39,7 @@ import math
 from typing import NamedTuple, Optional
 
 from automdt.agents.marlin import K_DEFAULT, finite, throughput_utility
-from automdt.policy_contract import Observation, Triple, clamp_triple
+from automdt.policy_contract import Observation, PolicyBase, Triple, clamp_triple
 
 DEFAULT_RTT_S = 0.05
 """Round-trip time assumed when none is given (a continental WAN path)."""
@@ -91,7 +91,7 @@ def arslan_heuristic(
     return ArslanParameters(pipelining=fill_pipe, parallelism=p, concurrency=cc)
 
 
-class HeuristicPolicy:
+class HeuristicPolicy(PolicyBase):
     """Arslan et al.'s heuristic start and adaptive concurrency, mapped to ``(cc, cc*p, cc)``.
 
     :param rtt_s: round-trip time of the path, seconds.

@@ -27,7 +27,7 @@ from typing import Deque, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from automdt.policy_contract import K_DEFAULT, Observation, Triple, clamp_triple, finite  # noqa: F401 (re-exported)
+from automdt.policy_contract import K_DEFAULT, Observation, PolicyBase, Triple, clamp_triple, finite  # noqa: F401 (re-exported)
 
 B_DEFAULT = 10.0
 """Severity of the packet-loss penalty."""
@@ -162,7 +162,7 @@ class StageOGD:
         return self.cc
 
 
-class MarlinPolicy:
+class MarlinPolicy(PolicyBase):
     """Three independent Marlin optimisers, one per stage.
 
     :param k: thread-cost base ``K`` of every stage utility.

@@ -49,7 +49,7 @@ from typing import Deque, List, Optional, Tuple
 import numpy as np
 
 from automdt.agents.marlin import finite
-from automdt.policy_contract import Observation, Triple, clamp_triple
+from automdt.policy_contract import Observation, PolicyBase, Triple, clamp_triple
 
 STARVED_FILL = 0.05
 """A buffer at or below this fill at the end of an interval starved its consumer."""
@@ -78,7 +78,7 @@ def fit_concave(samples: List[Tuple[int, float]]) -> Optional[Tuple[float, float
     return 1.0 / p, q / p
 
 
-class ModelBasedPolicy:
+class ModelBasedPolicy(PolicyBase):
     """Fit a capacity model per stage from a few probes, run the max-flow solution.
 
     :param probe_low: thread count of the stage being measured in the isolation probes.

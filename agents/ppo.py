@@ -3,9 +3,10 @@
 A policy is **two files that travel together**: a stable-baselines3 zip (``model.save``, plus
 an ``automdt_actor.npz`` entry with the actor's weights as plain arrays) and a metadata sidecar
 next to it (``<file>.json``, read by :func:`policy_metadata`, written by :func:`write_policy_metadata`
-from :func:`automdt.agents.training.train`). The shipped
-default policy is ``automdt/data/default_policy.zip``; ``load_policy("ppo")`` (or
-``"default"``) loads it.
+from :func:`automdt.agents.training.train`). The shipped general
+PPO network is ``automdt/data/default_policy.zip`` (the file's name is historical: what
+``automdt transfer`` runs by default is the shield over the capacity controller,
+:data:`automdt.agents.registry.DEFAULT_POLICY`); ``load_policy("ppo")`` loads it.
 
 Inference is numpy only. This module imports neither torch, stable-baselines3 nor gymnasium:
 :class:`PPOPolicy` runs the actor network (a few matrix products, :class:`ActorMLP`) on the
@@ -40,7 +41,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from automdt.agents.base import clamp_triple
+from automdt.agents.base import Features, OwnStart, PolicyBase, clamp_triple
 from automdt.simulator.contract import (  # noqa: F401
     ACTION_HEADS,
     FEATURES,
@@ -82,7 +83,8 @@ POLICY_FORMAT = "automdt-ppo/1"
 """Value of ``format`` in the metadata sidecar; bumped when the file layout changes."""
 
 DEFAULT_POLICY_NAMES = ("ppo", "default")
-"""Names that :func:`load_policy` resolves to the shipped default policy."""
+"""Names that :func:`load_policy` resolves to the shipped PPO network (``automdt/data/default_policy.zip``;
+the transfer's default controller is another policy, :data:`automdt.agents.registry.DEFAULT_POLICY`)."""
 
 WEIGHTS_ENTRY = "automdt_actor.npz"
 """The zip entry holding the actor's weights for numpy inference (``numpy.savez``: the SB3
@@ -124,7 +126,7 @@ def sha256_file(path: Union[str, os.PathLike]) -> str:
 
 
 def default_policy_path() -> Path:
-    """Path of the shipped default policy (``automdt/data/default_policy.zip``).
+    """Path of the shipped PPO network (``automdt/data/default_policy.zip``).
 
     One ``joinpath`` argument per call: with two, ``importlib.resources`` breaks when a stray
     ``automdt`` directory (e.g. ``/tmp/automdt``, the job locks' fallback home) on ``sys.path``
@@ -471,7 +473,7 @@ def _start_from_metadata(meta: Dict[str, Any]) -> Tuple[Triple, str]:
     return tuple(int(x) for x in meta.get("start_threads", (1, 1, 1))), "policy"  # type: ignore[return-value]
 
 
-class PPOPolicy:
+class PPOPolicy(PolicyBase):
     """A trained PPO actor acting through the simulator's observation pipeline and action map.
 
     Every interval, :meth:`act` runs the :class:`Observation` through an
@@ -537,9 +539,10 @@ class PPOPolicy:
         self.train_max_threads = int(self.metadata.get("max_threads", 32))
         self.max_threads = self.train_max_threads
         self.frame_stack = int(self.metadata.get("frame_stack", 1))
-        self.features = tuple(self.metadata.get("features", ()))
+        self.input_features = tuple(self.metadata.get("features", ()))
+        """The input features the network was trained with (the sidecar's ``features``)."""
         self.action_head = str(self.metadata.get("action_head", "step"))  # files without it: the first head
-        self.input_dim = (OBS_DIM + feature_dim(self.features)) * self.frame_stack
+        self.input_dim = (OBS_DIM + feature_dim(self.input_features)) * self.frame_stack
         if self._actor is not None and self._actor.in_dim != self.input_dim:
             raise ValueError(f"the actor takes {self._actor.in_dim} inputs, the pipeline gives {self.input_dim}")
         self._encoder: Any = None  # the pipeline's objects: made on the first act (numpy)
@@ -602,13 +605,18 @@ class PPOPolicy:
         self._rng = None  # made on first use: numpy.random is not imported for deterministic policies
         return clamp_triple(self.start_threads, self.max_threads)
 
+    def features(self) -> Features:
+        """It takes a start: a job's history, else :attr:`start_threads` (:attr:`start_source` says
+        where those came from)."""
+        return Features(start=OwnStart(self.start_threads, self.start_source))
+
     def network_input(self, obs: Observation) -> Any:
         """Feed one interval through the input pipeline; returns the network input (1, dim)."""
         if self._input is None:
             from automdt.simulator.pipeline import ObservationEncoder, PolicyInput
 
             self._encoder = ObservationEncoder(self.train_max_threads)
-            self._input = PolicyInput(1, self.train_max_threads, self.features, self.frame_stack)
+            self._input = PolicyInput(1, self.train_max_threads, self.input_features, self.frame_stack)
         self._last_encoding = self._encoder.encode(obs)
         x, _ = self._input.step(self._last_encoding)
         return x
@@ -641,7 +649,7 @@ class PPOPolicy:
 
 
 def load_policy(path_or_name: Union[str, os.PathLike], *, deterministic: bool = True) -> PPOPolicy:
-    """Load a PPO policy by file path, or ``"ppo"``/``"default"`` for the shipped default policy
+    """Load a PPO policy by file path, or ``"ppo"``/``"default"`` for the shipped PPO network
     (named ``ppo:default`` in logs)."""
     if isinstance(path_or_name, str) and path_or_name.lower() in DEFAULT_POLICY_NAMES:
         return PPOPolicy.load(default_policy_path(), deterministic=deterministic, label="ppo:default")

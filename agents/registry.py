@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List
 
 from typing import Union
 
-from automdt.agents.base import Policy
+from automdt.agents.base import Policy, PolicyBase, as_policy
 from automdt.agents.static import StaticPolicy, globus_policy, parse_static
 
 PolicyFactory = Callable[..., Policy]
@@ -93,7 +93,7 @@ def _import_optional(module: str, what: str):
         raise
 
 
-def _load_ppo(path: str, max_threads: int = 32, **kw: Any) -> Policy:
+def _load_ppo(path: str, max_threads: int = 32, **kw: Any) -> PolicyBase:
     """A policy file: a tuned policy when its sidecar says so, else a PPO network."""
     if path.lower() != "ppo" and not kw:
         tuned = _import_optional("automdt.agents.tuned", "tuned")
@@ -107,7 +107,7 @@ def _load_oracle(max_threads: int, **kw: Any) -> Policy:
     oracle = _import_optional("automdt.simulator.oracle", "oracle")
     factory = getattr(oracle, ORACLE_FACTORY, None)
     if factory is not None:
-        return factory(max_threads=max_threads, **kw)
+        return as_policy(factory(max_threads=max_threads, **kw))
     # Fallback: the oracle's steady-state triple for a known profile, held fixed.
     solve = getattr(oracle, "oracle", None)
     profile = kw.pop("profile", None)
@@ -203,8 +203,12 @@ def check_spec(spec: str) -> None:
         obj = getattr(obj, part)
 
 
-def make_policy(spec: str, max_threads: int, **kw: Any) -> Policy:
+def make_policy(spec: str, max_threads: int, **kw: Any) -> PolicyBase:
     """Build the policy named by ``spec`` for a transfer with at most ``max_threads`` per stage.
+
+    The result always has the optional hooks of :class:`~automdt.policy_contract.PolicyBase`: a
+    policy of one's own with only ``reset`` and ``act`` gets their defaults
+    (:func:`~automdt.policy_contract.as_policy`).
 
     :param spec: see the module docstring.
     :param max_threads: upper bound of every stage's thread count (``reset`` may override it).
@@ -234,7 +238,7 @@ def make_policy(spec: str, max_threads: int, **kw: Any) -> Policy:
         if isinstance(factory, str):
             module, _, attr = factory.partition(":")
             factory = _FACTORIES[key] = getattr(importlib.import_module(module), attr)
-        return factory(max_threads=max_threads, **kw)
+        return as_policy(factory(max_threads=max_threads, **kw))
     if key == "ppo":
         return _load_ppo("ppo", **kw)
     if key.startswith("ppo:"):
@@ -247,7 +251,7 @@ def make_policy(spec: str, max_threads: int, **kw: Any) -> Policy:
 
         return Shield(_load_ppo(raw, int(max_threads), **kw), max_threads=int(max_threads))
     if key == "oracle":
-        return _load_oracle(max_threads, **kw)
+        return as_policy(_load_oracle(max_threads, **kw))
     if _MODULE_SPEC.match(raw):
-        return _load_external(raw, max_threads, **kw)
+        return as_policy(_load_external(raw, max_threads, **kw))
     raise _unknown(raw)

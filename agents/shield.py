@@ -18,7 +18,7 @@ import math
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional
 
-from automdt.policy_contract import Observation, Triple, clamp_triple
+from automdt.policy_contract import Features, Observation, PolicyBase, PolicyWrapper, Triple, clamp_triple
 
 LOW = 0.7
 """Share of the best held rate below which the delivered rate is far too low."""
@@ -36,12 +36,15 @@ MIN_BUSY_S = 0.25
 """Busy thread-seconds a stage needs in an interval before its rate per busy thread counts."""
 
 
-class Fallback:
+class Fallback(PolicyBase):
     """The controller the shield hands over to, and the controller's choice when a policy keeps
     failing: every stage gets the threads for ``1 + HEADROOM`` times the best held rate."""
 
     name = "fallback"
-    asked_in_tail = True
+
+    def features(self) -> Features:
+        """It is asked in a run's tail: it sizes the writers that drain the buffers."""
+        return Features(asked_in_tail=True)
 
     def __init__(self, max_threads: int = 32) -> None:
         self.reset(max_threads)
@@ -86,17 +89,24 @@ class Fallback:
         return self.choose()
 
 
-class Shield:
+class Shield(PolicyWrapper):
     """Wraps ``policy`` (any :class:`Policy`; ``None`` when only :meth:`filter` is used, as the
     training wrapper does) and overrides it while the transfer sits far below its best held rate.
+    Every hook of the policy (its start, whether it is asked in the tail, a start given from
+    outside) passes through unchanged (:class:`~automdt.policy_contract.PolicyWrapper`); its
+    annotation gains ``shield`` when the shield acted.
 
     :attr:`note` says what the shield did in the last interval (``""``, ``"takeover"``,
     ``"fallback"``) for the interval log.
     """
 
     def __init__(self, policy: Any = None, max_threads: int = 32) -> None:
-        self.policy = policy
-        self.name = f"shield:{getattr(policy, 'name', type(policy).__name__)}" if policy is not None else "shield"
+        if policy is not None:
+            super().__init__(policy)
+            self.name = f"shield:{self.policy.name}"
+        else:
+            self.policy = None  # type: ignore[assignment]
+            self.name = "shield"
         self.fallback = Fallback(max_threads)
         self.reset_state(max_threads)
 
@@ -110,22 +120,10 @@ class Shield:
         self.reset_state(max_threads)
         return self.policy.reset(max_threads, seed)
 
-    def start_from(self, threads: Triple) -> None:
-        hook = getattr(self.policy, "start_from", None)
-        if callable(hook):
-            hook(threads)
-
-    @property
     def annotation(self) -> Dict[str, Any]:
         """The policy's annotation for the interval log, with ``shield`` when the shield acted."""
-        inner = getattr(self.policy, "annotation", None) or {}
+        inner = self.policy.annotation() if self.policy is not None else {}
         return dict(inner, shield=self.note) if self.note else dict(inner)
-
-    def __getattr__(self, name: str) -> Any:  # start_source, start_threads... of the policy
-        policy = self.__dict__.get("policy")
-        if policy is None:
-            raise AttributeError(name)
-        return getattr(policy, name)
 
     def act(self, obs: Observation) -> Triple:
         return self.filter(obs, self.policy.act(obs))

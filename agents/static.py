@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from automdt.policy_contract import Observation, Triple, clamp_triple
+from automdt.policy_contract import Observation, PolicyBase, Triple, clamp_triple
 
 GLOBUS_CONCURRENCY = 4
 """Concurrency of the AutoMDT paper's Globus baseline (``globus-url-copy -cc 4``)."""
@@ -18,7 +18,7 @@ GLOBUS_PARALLELISM = 8
 """Parallelism of the AutoMDT paper's Globus baseline (``globus-url-copy -p 8``)."""
 
 
-class StaticPolicy:
+class StaticPolicy(PolicyBase):
     """Always return the same thread counts, clipped to ``[1, max_threads]``.
 
     :param read: read threads.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from automdt.policy_contract import K_DEFAULT, Observation, Triple, clamp_triple, finite
+from automdt.policy_contract import K_DEFAULT, Observation, PolicyBase, Triple, clamp_triple, finite
 
 THRESHOLD = 0.10
 """A halved count must measure this share better than the best so far for the search to go on."""
@@ -26,7 +26,7 @@ EWMA = 0.2
 """Weight of a new check in the held baseline."""
 
 
-class TopDownPolicy:
+class TopDownPolicy(PolicyBase):
     """adaptiSeq's top-down knee search on one concurrency for all three stages.
 
     :param k: thread-cost base of the utility that judges a count.

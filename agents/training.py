@@ -605,9 +605,9 @@ def make_model(profile: Profile, env: EnvSettings, config: PPOConfig, seed: int,
     if init_from is None:
         return model, None
     init = ppo_mod.load_policy(init_from)
-    if (init.frame_stack != config.frame_stack or init.features != tuple(config.features)
+    if (init.frame_stack != config.frame_stack or init.input_features != tuple(config.features)
             or init.action_head != config.action_head):
-        raise ValueError(f"{init.path}: frame_stack {init.frame_stack}, features {list(init.features)} and "
+        raise ValueError(f"{init.path}: frame_stack {init.frame_stack}, features {list(init.input_features)} and "
                          f"action head {init.action_head!r} do not match the config's {config.frame_stack}, "
                          f"{list(config.features)} and {config.action_head!r}")
     try:
@@ -621,8 +621,8 @@ def make_model(profile: Profile, env: EnvSettings, config: PPOConfig, seed: int,
 def shipped_config() -> "PPOConfig":
     """Hyperparameters of the shipped general policy: :class:`PPOConfig`'s single-profile defaults
     (128 batched envs x 32 steps, minibatch 1024, 5 epochs, 64x64 tanh networks) plus the lines
-    below (``scripts/train_default_policy.py`` trains the shipped default with it, and
-    ``automdt train --profile`` fine-tunes that default with it).
+    below (``scripts/train_default_policy.py`` trains the shipped PPO network with it, and
+    :func:`profile_settings` fine-tunes that network for one profile with it).
 
     The action head (``target``): each stage's next count is chosen among targets anchored on
     what the stages measured (hold, -1, +1, the threads its flow needs, the threads it needs to
@@ -662,10 +662,12 @@ def shipped_config() -> "PPOConfig":
 
 
 def profile_settings() -> Dict[str, Any]:
-    """The :func:`train` arguments of ``automdt train --profile``: fine-tune the shipped default
+    """The :func:`train` arguments that fine-tune the shipped PPO network for one profile
     (``init_from="default"``, with its :func:`shipped_config`), judged from
-    :data:`PROFILE_EVAL_STARTS`. Where the default's network already reaches the target on the
-    profile, training stops at its first evaluation."""
+    :data:`PROFILE_EVAL_STARTS`; the experiments' ``ppo-own`` label and ``bench_train.py`` use it.
+    (``automdt train --profile`` trains a tuned policy instead: :mod:`automdt.agents.tuned_training`.)
+    Where the shipped network already reaches the target on the profile, training stops at its
+    first evaluation."""
     return {"config": shipped_config(), "init_from": "default", "eval_starts": PROFILE_EVAL_STARTS}
 
 

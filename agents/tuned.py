@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from automdt.agents.capacity import MIN_BUSY_S, CapacityPolicy
-from automdt.policy_contract import K_DEFAULT, STAGES, Observation, Triple, clamp_triple, finite
+from automdt.policy_contract import K_DEFAULT, STAGES, Features, Observation, OwnStart, PolicyBase, Triple, clamp_triple, finite
 
 FORMAT = "automdt-tuned/1"
 """Value of ``format`` in a tuned policy's sidecar."""
@@ -107,7 +107,7 @@ def select(choice: Sequence[int], proposal: Triple, current: Triple, prior: Trip
                  for c, p, h, q in zip(choice, proposal, current, prior))
 
 
-class TunedPolicy:
+class TunedPolicy(PolicyBase):
     """The capacity controller with a learned per-stage selector (see the module docstring).
 
     :param prior: the explored profile's optimum (the start, and the ``prior`` choice).
@@ -123,9 +123,6 @@ class TunedPolicy:
         from it before it counts against the network (see the module docstring); None: always
         trusted.
     """
-
-    asked_in_tail = True
-    """The capacity controller sizes the writers that drain the buffers in a run's tail."""
 
     def __init__(self, prior: Triple, prior_tpt: Sequence[float], prior_rate: float, actor: Any = None, *,
                  start: str = "prior", max_threads: int = 32, k: float = K_DEFAULT,
@@ -176,7 +173,11 @@ class TunedPolicy:
     def start_from(self, threads: Triple) -> None:
         self.base.start_from(threads)
 
-    @property
+    def features(self) -> Features:
+        """It takes a start (the profile's optimum, or the capacity controller's) and is asked in a
+        run's tail: the capacity controller sizes the writers that drain the buffers."""
+        return Features(start=OwnStart(self.start_threads, self.start_source), asked_in_tail=True)
+
     def annotation(self) -> Dict[str, Any]:
         """What the transfer's interval log records about the selector."""
         if not self.has_network:

@@ -253,7 +253,7 @@ def _demo_parser(sub) -> None:
     d.add_argument("--size", default="1Gi", type=A.size(1 << 20, 1 << 40, "size"),
                    help="approximate dataset size, at least 1Mi (default 1Gi)")
     d.add_argument("--threads", default=None, metavar="R,N,W", type=A.threads,
-                   help="static thread counts (default: the shipped PPO policy chooses them)")
+                   help="static thread counts (default: the default controller chooses them)")
     d.add_argument("--keep", action="store_true", help="keep DIR/src and DIR/dst afterwards")
     _debug_option(d)
 
@@ -381,6 +381,13 @@ def _silence_stdout() -> None:
 
 def _policy_error(e: BaseException) -> AutomdtError:
     return AutomdtError(str(e).splitlines()[0] if str(e) else type(e).__name__, errors.USAGE)
+
+
+def _fallback():
+    """What drives the rest of a run whose policy keeps failing: the shield's fallback controller."""
+    from automdt.agents.shield import Fallback
+
+    return Fallback
 
 
 def _resolve_policy(args, max_threads: int):
@@ -584,6 +591,7 @@ def cmd_transfer(args) -> int:
         with lock:
             # explicit start counts (--threads with --policy) win over the job's history
             opts.policy, opts.threads, opts.start_threads = _resolve_policy(args, args.max_threads)
+            opts.fallback = _fallback()
             summary = _run_with_display(args, _with_history(args, run_transfer), opts)
     except AutomdtError as e:
         if e.code == errors.USAGE and lock.lock is None and not args.no_lock:
@@ -766,7 +774,7 @@ def cmd_demo(args) -> int:
         else:
             args.policy = None
             policy, threads, _ = _resolve_policy(args, 32)
-            opts = TransferOptions(policy=policy, threads=threads)
+            opts = TransferOptions(policy=policy, threads=threads, fallback=_fallback())
         summary = _run_with_display(args, lambda o: run_transfer(src, dst, o), opts)
         with interrupts.shielded():
             _report(summary, args)

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
 
 from automdt.interval import IntervalRecord
-from automdt.policy_contract import STAGES, Observation, Policy, Triple, clamp_triple
+from automdt.policy_contract import STAGES, Observation, Policy, PolicyBase, Triple, as_policy, clamp_triple
 
 log = logging.getLogger("automdt.controller")
 
@@ -76,16 +76,25 @@ class Controller:
 
     A policy that raises, or returns something that is not a triple of counts, does not end the
     transfer: the counts stay, one warning per kind of failure names the policy and the error, and
-    after :data:`MAX_POLICY_FAILURES` failing intervals in a row the shield's fallback controller
-    (:class:`automdt.agents.shield.Fallback`) drives the rest of the run.
+    after :data:`MAX_POLICY_FAILURES` failing intervals in a row the ``fallback`` controller (the
+    sender gives the shield's, :class:`automdt.agents.shield.Fallback`) drives the rest of the run;
+    without one the counts stay.
+
+    The policy's optional hooks are those of :class:`~automdt.policy_contract.PolicyBase`: where it
+    starts (:mod:`automdt.start`), whether it is asked in a run's tail, a start given from outside,
+    its annotation for the interval log. A policy with only ``reset`` and ``act`` gets their defaults
+    (:func:`~automdt.policy_contract.as_policy`).
     """
 
     def __init__(self, policy: Policy, apply: Callable[[Triple], None], interval_s: float = 1.0,
                  max_threads: int = 32, log_file: Any = None, start: Any = None, bound: Optional[int] = None,
                  write_max: Optional[int] = None, early_intervals: Optional[Sequence[float]] = None,
-                 settings: Optional[ControllerSettings] = None):
+                 settings: Optional[ControllerSettings] = None,
+                 fallback: Optional[Callable[[int], PolicyBase]] = None):
         self.settings = settings or ControllerSettings()
-        self.policy = policy
+        self.policy = as_policy(policy)
+        self.features = self.policy.features()
+        self.fallback = fallback
         self.apply = apply
         self.interval_s = interval_s
         self.max_threads = max_threads
@@ -95,7 +104,7 @@ class Controller:
         if bound is not None and start is not None and start.source != "threads":
             from automdt.start import takes_start
 
-            if takes_start(policy):
+            if takes_start(self.policy):
                 self.limit = max(1, min(max_threads, int(bound)))
         self.write_max = max(1, int(write_max)) if write_max else None
         if early_intervals is None:
@@ -152,9 +161,7 @@ class Controller:
             record = {"threads": dict(zip(STAGES, self.threads)), "source": "policy"}
         else:
             self.threads = self._clamp(self.start_choice.threads, self.max_threads)
-            hook = getattr(self.policy, "start_from", None)
-            if hook is not None:
-                hook(self.threads)
+            self.policy.start_from(self.threads)
             record = dict(self.start_choice.log_record(), threads=dict(zip(STAGES, self.threads)))
         self.apply(self.threads)
         self.t0 = self._last_t = time.monotonic()
@@ -176,7 +183,7 @@ class Controller:
         return round(100.0 * (cpu - last_cpu) / (wall - last_wall), 1) if wall > last_wall else 0.0
 
     def _name(self) -> str:
-        return getattr(self.policy, "name", type(self.policy).__name__)
+        return self.policy.name
 
     def next_interval_s(self) -> float:
         """Length of the interval now running: the next of :attr:`early_intervals`, then
@@ -218,7 +225,7 @@ class Controller:
         ending = (self.end_hold and self.to_deliver is not None and obs.throughput_bps[2] > 0
                   and self.to_deliver < obs.throughput_bps[2] * self.interval_s)
         ann = dict(self.annotations)
-        held_tail = self.tail and self.settings.tail_hold and not getattr(self.policy, "asked_in_tail", False)
+        held_tail = self.tail and self.settings.tail_hold and not self.features.asked_in_tail
         if self.tail and not final:
             ann["tail"] = True
         if final:
@@ -317,7 +324,7 @@ class Controller:
             self._failed("bad triple", f"{proposed!r:.60}", ann)
             return self.threads
         self._failing = 0
-        ann.update(getattr(self.policy, "annotation", None) or {})
+        ann.update(self.policy.annotation())
         return new
 
     def _failed(self, kind: str, detail: str, ann: Dict[str, Any]) -> None:
@@ -327,11 +334,10 @@ class Controller:
         self.failures[kind] = self.failures.get(kind, 0) + 1
         self._failing += 1
         ann["policy_error"] = f"{kind}: {detail}" if detail else kind
-        if self._failing >= MAX_POLICY_FAILURES:
-            from automdt.agents.shield import Fallback
-
+        if self._failing >= MAX_POLICY_FAILURES and self.fallback is not None:
             failed = self._name()
-            self.policy = Fallback(self.max_threads)
+            self.policy = self.fallback(self.max_threads)
+            self.features = self.policy.features()
             self.policy.name = f"fallback (policy {failed} failed)"
             self.limit = self.max_threads
             log.warning("policy %s failed %d intervals in a row; the shield's fallback controller drives the rest "

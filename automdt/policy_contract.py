@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, Dict, Iterable, Optional, Protocol, Tuple, runtime_checkable
 
 Triple = Tuple[int, int, int]
 """Thread counts (read, network, write)."""
@@ -68,9 +68,9 @@ class Policy(Protocol):
     afresh. ``act`` is called once per interval with what was measured during it and returns the
     thread counts for the next interval, each in ``[1, max_threads]``.
 
-    A policy may also have ``start_from(triple)``: the controller calls it after ``reset`` when the
-    transfer starts elsewhere than ``reset`` said (``--threads`` given with ``--policy``, a job's
-    history), so that the policy's own state starts there too.
+    A policy that only implements ``reset`` and ``act`` runs everywhere. The optional hooks
+    (where it starts, whether it acts in a run's tail, a start given from outside, notes for the
+    interval log) are those of :class:`PolicyBase`; a policy declares them by deriving from it.
     """
 
     name: str
@@ -82,6 +82,113 @@ class Policy(Protocol):
     def act(self, obs: Observation) -> Triple:
         """Return the thread counts for the next interval."""
         ...
+
+
+@dataclass(frozen=True)
+class OwnStart:
+    """Where a policy that takes a start (:attr:`Features.start`) starts when neither ``--threads``
+    nor a job's history says otherwise (:mod:`automdt.start`).
+
+    :param threads: the counts (clamped by the run's bounds).
+    :param source: what the start log records: ``"policy"`` (the policy's own rule), ``"profile"``
+        (an explored profile's optimum), ``"cold"`` (a shipped cold-start model), ``"given"``.
+    """
+
+    threads: Triple
+    source: str = "policy"
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a policy does beyond ``reset`` and ``act``: what the controller and
+    :mod:`automdt.start` read from :meth:`PolicyBase.features`.
+
+    :param start: the policy takes a start (a job's history, then this :class:`OwnStart`), or
+        None: it starts where its ``reset`` says (after ``--threads``, if given).
+    :param asked_in_tail: the policy is asked in a run's tail (the buffers drain, the source is
+        read), instead of the controller holding the counts (the capacity controller sizes the
+        writers that drain).
+    """
+
+    start: Optional[OwnStart] = None
+    asked_in_tail: bool = False
+
+
+class PolicyBase:
+    """A policy with the optional hooks, each at its default; derive from it to declare any.
+
+    Wrappers (the shield, a policy of one's own around another) forward every hook to the policy
+    they wrap, explicitly: :class:`PolicyWrapper` does.
+    """
+
+    name: str = "policy"
+
+    def reset(self, max_threads: int, seed: Optional[int] = None) -> Triple:
+        """Start a new transfer; return the initial thread counts."""
+        raise NotImplementedError
+
+    def act(self, obs: Observation) -> Triple:
+        """Return the thread counts for the next interval."""
+        raise NotImplementedError
+
+    def features(self) -> Features:
+        """The hooks this policy declares (:class:`Features`); read once per transfer, after ``reset``."""
+        return Features()
+
+    def start_from(self, threads: Triple) -> None:
+        """The transfer starts at ``threads`` instead of what ``reset`` returned (``--threads``
+        with ``--policy``, a job's history): start the policy's own state there too."""
+
+    def annotation(self) -> Dict[str, Any]:
+        """Notes about the last ``act`` for the interval log (JSON values), or ``{}``."""
+        return {}
+
+
+class PolicyWrapper(PolicyBase):
+    """A policy around another that forwards every hook of :class:`PolicyBase` to it; a subclass
+    overrides what it changes (as Gymnasium's ``Wrapper`` forwards explicitly)."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy: PolicyBase = as_policy(policy)
+        self.name = self.policy.name
+
+    def reset(self, max_threads: int, seed: Optional[int] = None) -> Triple:
+        return self.policy.reset(max_threads, seed)
+
+    def act(self, obs: Observation) -> Triple:
+        return self.policy.act(obs)
+
+    def features(self) -> Features:
+        return self.policy.features()
+
+    def start_from(self, threads: Triple) -> None:
+        self.policy.start_from(threads)
+
+    def annotation(self) -> Dict[str, Any]:
+        return self.policy.annotation()
+
+
+class _Plain(PolicyWrapper):
+    """A policy with only ``reset`` and ``act`` (and maybe ``name``), given the hooks' defaults."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.name = str(getattr(policy, "name", type(policy).__name__))
+
+    def features(self) -> Features:
+        return Features()
+
+    def start_from(self, threads: Triple) -> None:
+        return None
+
+    def annotation(self) -> Dict[str, Any]:
+        return {}
+
+
+def as_policy(policy: Any) -> PolicyBase:
+    """``policy`` itself when it derives from :class:`PolicyBase`, else it wrapped with the hooks'
+    defaults (a policy with only ``reset`` and ``act``)."""
+    return policy if isinstance(policy, PolicyBase) else _Plain(policy)
 
 
 def clamp_triple(t: Iterable[Any], max_threads: int) -> Triple:

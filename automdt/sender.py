@@ -68,6 +68,9 @@ class TransferOptions:
 
     :param policy: a :class:`~automdt.policy_contract.Policy`; ``None`` means static ``threads``
         (:class:`automdt.agents.static.StaticPolicy`).
+    :param fallback: ``fallback(max_threads)`` builds the controller that drives the rest of the
+        run when the policy keeps failing (the CLI gives the shield's,
+        :class:`automdt.agents.shield.Fallback`); None: the counts stay.
     :param threads: initial/static (read, net, write) thread counts.
     :param memory: bytes per staging buffer (sender and receiver each).
     :param chunk_size: bytes per chunk.
@@ -88,6 +91,7 @@ class TransferOptions:
     """
 
     policy: Any = None
+    fallback: Any = None
     threads: Tuple[int, int, int] = (4, 4, 4)
     memory: int = 256 << 20
     chunk_size: int = 4 << 20
@@ -739,7 +743,7 @@ class _Transfer:
 
         ctrl = self.controller = Controller(self.policy, apply, self.o.interval_s, self.o.max_threads, log_file,
                                             write_max=self.receiver_max_threads, settings=self.o.controller_settings,
-                                            **self._start())
+                                            fallback=self.o.fallback, **self._start())
         if self.clock is not None or any(any(v) for v in self.limits.values()):
             from automdt.throttle import format_throttle
 

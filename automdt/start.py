@@ -7,16 +7,18 @@ records the result as ``start`` with its ``source``:
 2. ``history``: the last run of the same job (same SRC and DEST: the job lock's key) settled at a
    triple; start there, a stage raised where that run's throughput and per-thread rates say it
    was short (:func:`automdt.history.start_threads`) (:mod:`automdt.history`; off with ``--no-history``);
-3. ``profile``: a PPO policy trained on one profile (``automdt train --profile P``) starts at
+3. ``profile``: a policy trained on one profile (``automdt train --profile P``) starts at
    that profile's optimum, the simulator's oracle triple (stored in the policy's metadata);
 4. ``cold``: a general PPO policy starts at the triple chosen for it in the simulator for short
    completion over held-out random profiles (:mod:`automdt.agents.cold_start`);
 5. ``policy``: whatever the policy's ``reset`` returns (baselines such as Marlin start as their
    papers say; static policies are what they are).
 
-Rules 2-4 apply to policies that take a start (:func:`takes_start`: PPO, whose ``start_source``
-says where its own start comes from); baselines keep their papers' start unless rule 1 applies
-(then a ``start_from(triple)`` method, where a policy has one, moves its internal state there too).
+Rules 2-4 apply to policies that take a start (:func:`takes_start`: their
+:meth:`~automdt.policy_contract.PolicyBase.features` name an
+:class:`~automdt.policy_contract.OwnStart`, which says where their own start comes from: the
+capacity controller and so the default, PPO, a tuned file); baselines keep their papers' start
+unless rule 1 applies (then the policy's ``start_from(triple)`` moves its internal state there too).
 Every start of rules 2-4 is then bounded by what the dataset can use:
 no stage gets more threads than there are chunks to move (a 3-file dataset never opens 16
 connections); the controller keeps that bound for the whole run.
@@ -27,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from automdt.policy_contract import Triple, clamp_triple
+from automdt.policy_contract import Triple, as_policy, clamp_triple
 
 SOURCES = ("threads", "history", "profile", "cold", "policy")
 
@@ -45,8 +47,9 @@ class Start:
 
 
 def takes_start(policy: Any) -> bool:
-    """Whether ``policy`` starts where the rules say (PPO: it has a ``start_source``)."""
-    return hasattr(policy, "start_source")
+    """Whether ``policy`` starts where the rules say (its :class:`~automdt.policy_contract.Features`
+    name a start: the capacity controller, PPO, a tuned file)."""
+    return as_policy(policy).features().start is not None
 
 
 def dataset_bound(chunks: int, max_threads: int) -> int:
@@ -73,12 +76,11 @@ def choose_start(policy: Any, max_threads: int, *, explicit: Optional[Triple] = 
     limit = max_threads if bound is None else max(1, min(max_threads, bound))
     if explicit is not None:
         return Start(clamp_triple(explicit, max_threads), "threads")
-    if not takes_start(policy):
+    own = as_policy(policy).features().start
+    if own is None:
         return None
     if history is not None:
         from automdt.history import start_threads, summary
 
         return Start(clamp_triple(start_threads(history), limit), "history", {"history": summary(history)})
-    source = getattr(policy, "start_source", "policy")
-    own = getattr(policy, "start_threads", (1, 1, 1))
-    return Start(clamp_triple(own, limit), source if source in SOURCES else "policy")
+    return Start(clamp_triple(own.threads, limit), own.source if own.source in SOURCES else "policy")

@@ -8,7 +8,7 @@ import pytest
 
 from automdt.agents.registry import make_policy
 from automdt.agents.shield import HOLD, Fallback, Shield
-from automdt.policy_contract import Observation
+from automdt.policy_contract import Observation, as_policy
 from automdt.simulator.env import BufferSimEnv
 from automdt.simulator.oracle import oracle
 from automdt.simulator.profile import Profile, StageProfile
@@ -30,8 +30,8 @@ def _episode(policy, prof, steps=50, events=(), seed=0, chunk=MiB, start=None):
     first = policy.reset(prof.max_threads, seed)
     env = BufferSimEnv(prof, random_start=False, episode_steps=steps, chunk_bytes=chunk)
     _, info = env.reset(seed=seed, options={"threads": start or first})
-    if start is not None and hasattr(policy, "start_from"):
-        policy.start_from(start)
+    if start is not None:
+        as_policy(policy).start_from(start)
     current, out = prof, []
     for step in range(steps):
         t = policy.act(info["observation"])

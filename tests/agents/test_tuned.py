@@ -92,7 +92,7 @@ def test_a_network_far_from_its_path_hands_over_to_the_default():
     assert guarded.retired is not None
     # on the explored path the band keeps the network driving, and it scores what it is worth
     assert _mean_under_shield(guarded, same) >= _mean_under_shield(prior.policy(None, "default", 16), same) - 0.01
-    assert guarded.retired is None and guarded.annotation == {"tuned": "selector"}
+    assert guarded.retired is None and guarded.annotation() == {"tuned": "selector"}
 
 
 def test_the_trust_band_widens_with_the_fit_and_opens_for_lower_bounds():

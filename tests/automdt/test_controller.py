@@ -6,6 +6,7 @@ import json
 import os
 
 from automdt.controller import Controller
+from automdt.policy_contract import Features, OwnStart, PolicyBase
 from automdt.transfer_engine.engine import BufferStats, ReceiverStats, SenderStats, StageStats
 
 
@@ -148,10 +149,11 @@ def test_threads_with_a_baseline_policy_start_its_state_there():
         assert seen(pol) == ([3, 2, 1] if isinstance(pol, MarlinPolicy) else [2])
 
 
-class _PPOish(Recorder):
-    """A policy that takes a start (as PPO does: it has a ``start_source``)."""
+class _PPOish(Recorder, PolicyBase):
+    """A policy that takes a start (as PPO does: its features name one)."""
 
-    start_source = "cold"
+    def features(self):
+        return Features(start=OwnStart((2, 3, 4), "cold"))
 
 
 def test_a_policy_that_takes_a_start_gets_two_half_intervals_first_then_steady_ones():
@@ -295,10 +297,13 @@ def test_a_warm_start_holds_until_the_pipeline_delivers_a_cold_one_does_not():
 def test_what_the_policy_says_of_its_choice_goes_to_the_log():
     """A policy's ``annotation`` (the shield's: what it did) is added to the interval's record."""
 
-    class Noting(Recorder):
+    class Noting(Recorder, PolicyBase):
         def act(self, obs):
-            self.annotation = {"guard": "raise"} if len(self.seen) == 1 else {}
+            self.note = {"guard": "raise"} if len(self.seen) == 1 else {}
             return super().act(obs)
+
+        def annotation(self):
+            return self.note
 
     pol, log = Noting(), io.StringIO()
     c = Controller(pol, lambda t: None, interval_s=1.0, max_threads=8, log_file=log)
@@ -317,8 +322,9 @@ def test_a_policy_that_acts_in_the_tail_is_asked_there_others_hold():
     from automdt.agents.registry import make_policy
     from automdt.controller import ControllerSettings
 
-    class InTail(Recorder):
-        asked_in_tail = True
+    class InTail(Recorder, PolicyBase):
+        def features(self):
+            return Features(asked_in_tail=True)
 
     for pol, asked in ((Recorder(), False), (InTail(), True)):
         c = Controller(pol, lambda t: None, interval_s=1.0, max_threads=8)
@@ -334,5 +340,5 @@ def test_a_policy_that_acts_in_the_tail_is_asked_there_others_hold():
     c.tail = True
     c.tick(_stats(1.0, 1 << 20, 0, 0), _rx(1 << 20), now=11.0)
     assert len(pol.seen) == 1
-    assert getattr(make_policy("default", 8), "asked_in_tail", False)
-    assert not getattr(make_policy("shield:marlin", 8), "asked_in_tail", False)
+    assert make_policy("default", 8).features().asked_in_tail
+    assert not make_policy("shield:marlin", 8).features().asked_in_tail

@@ -11,6 +11,7 @@ import pytest
 
 from automdt import history
 from automdt.history import JobRecord
+from automdt.policy_contract import Features, OwnStart, PolicyBase
 from automdt.start import Start, choose_start, chunks_to_move, dataset_bound
 from tests.util import run_cli
 
@@ -178,11 +179,14 @@ def test_rates_count_only_intervals_at_a_held_count():
 
 
 # ----------------------------------------------------------------------------- the rules
-class _PPOLike:
+class _PPOLike(PolicyBase):
     name = "ppo:x"
 
     def __init__(self, start=(1, 1, 1), source="cold"):
         self.start_threads, self.start_source = start, source
+
+    def features(self):
+        return Features(start=OwnStart(self.start_threads, self.start_source))
 
     def reset(self, max_threads, seed=None):
         return self.start_threads

@@ -383,7 +383,7 @@ def test_source_file_changing_during_read_is_detected(make_tree, tmp_path):
 
 
 def test_demo_and_default_policy_transfer(tmp_path):
-    """`automdt demo` (no --threads: the shipped PPO policy drives a real transfer)."""
+    """`automdt demo` (no --threads: the default controller drives a real transfer)."""
     from tests.util import trees_identical as same
 
     d = tmp_path / "demo"

@@ -336,7 +336,7 @@ def test_policy_sees_what_the_training_env_showed(tmp_path, frame_stack, feature
     rep = tiny_train(tmp_path / "fs.zip", timesteps=512, eval_every=512,
                      config=tiny_config().replace(frame_stack=frame_stack, features=features))
     pol = PPOPolicy.load(rep.model_path)
-    assert pol.frame_stack == frame_stack and pol.features == features
+    assert pol.frame_stack == frame_stack and pol.input_features == features
     inner = DummyVecEnv([lambda: BufferSimEnv(Profile.default(), random_start=False, episode_steps=25)])
     venv = PolicyInputVecEnv(inner, features, 32, frame_stack) if features or frame_stack > 1 else inner
     venv.seed(4)
