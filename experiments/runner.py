@@ -26,10 +26,15 @@ from automdt.experiments.metrics import flatten, run_metrics
 from automdt.experiments.scenarios import (DEFAULT_CHUNK, DEFAULT_INTERVAL_S, DEFAULT_MEMORY, Dataset,
                                            Scenario)
 
-ALL_POLICIES: Tuple[str, ...] = ("ppo", "marlin", "falcon", "globus", "static", "heuristic", "model", "oracle")
+ALL_POLICIES: Tuple[str, ...] = ("default", "capacity", "topdown", "ppo", "marlin", "falcon", "globus", "static",
+                                  "heuristic", "model", "oracle")
 """Policy labels of the experiments, in table order.
 
-* ``ppo``: the shipped default policy (``automdt/data/default_policy.zip``), skipped while absent;
+* ``default``: what ``automdt transfer`` runs without ``--policy`` (the shield over the capacity
+  controller); ``capacity``: the capacity controller alone;
+* ``topdown``: adaptiSeq's commit-hold-re-explore knee search, one count for all three stages;
+* ``ppo``: the shipped general PPO network (``automdt/data/default_policy.zip``), bare; skipped
+  while absent;
 * ``marlin``, ``falcon``, ``globus`` (static 4,32,4), ``heuristic`` (Arslan et al.), ``model``
   (Jung et al.): the baselines of ``automdt.agents``;
 * ``static``: the engine's default without a policy, ``static:4,4,4``;
@@ -83,7 +88,7 @@ def build_policy(label: str, scenario: Scenario, dataset: Optional[Dataset] = No
 
 
 def ppo_default_info() -> Dict[str, Any]:
-    """Where the shipped default policy is and whether it is there (path, sha256, metadata).
+    """Where the shipped PPO network is and whether it is there (path, sha256, metadata).
 
     Does not import torch (``automdt.agents.ppo`` does): the path is the package's data file.
     """

@@ -166,3 +166,32 @@ def test_every_environment_variable_named_in_the_docs_is_read_by_the_code():
                 if var not in sources:
                     bad.append(f"{os.path.relpath(page, ROOT)}: {var}")
     assert not bad, "environment variables the docs name that no code reads:\n" + "\n".join(bad)
+
+
+def test_the_summary_example_is_what_a_default_transfer_writes(tmp_path):
+    """docs/formats/summary.md shows the summary of a default run of two small files: the same
+    fields, the same start (its source and counts) as such a run writes now."""
+    import json
+
+    with open(os.path.join(ROOT, "docs", "formats", "summary.md")) as f:
+        example = json.loads(re.search(r"```json\n(.*?)```", f.read(), re.S).group(1))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(os.urandom(15_000_000))
+    (src / "b").write_bytes(os.urandom(15_005_000))
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-m", "automdt", "transfer", str(src), str(tmp_path / "dest"), "--json",
+                        "--no-history"], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    assert set(got) == set(example)
+    assert set(got["start"]) == set(example["start"])
+    assert got["start"]["source"] == example["start"]["source"]
+    assert got["start"]["threads"] == example["start"]["threads"] == example["threads"]
+
+
+def test_the_troubleshooting_page_has_a_section_for_every_failure_code():
+    with open(os.path.join(ROOT, "docs", "troubleshooting.md")) as f:
+        headings = " ".join(re.findall(r"^## (.*)$", f.read(), re.M))
+    missing = [code for code in errors.EXIT_CODES if code != 0 and not re.search(rf"\b{code}\b", headings)]
+    assert not missing, f"docs/troubleshooting.md has no section for exit codes {missing}"
