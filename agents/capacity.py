@@ -38,10 +38,8 @@ import bisect
 import math
 from typing import Dict, List, Optional, Tuple
 
-from automdt.policy_contract import K_DEFAULT, Features, Observation, OwnStart, PolicyBase, Triple, clamp_triple, finite
+from automdt.policy_contract import BUSY, K_DEFAULT, Features, Observation, OwnStart, PolicyBase, Triple, clamp_triple, finite
 
-BUSY = 0.9
-"""Share of a stage's thread-seconds spent busy from which its capacity sample is exact."""
 MIN_BUSY_S = 0.01
 """Busy thread-seconds a stage needs in an interval before its sample counts."""
 MEMORY = 80

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from automdt.agents.base import Features, OwnStart, PolicyBase, clamp_triple
+from automdt.policy_contract import K_DEFAULT
 from automdt.simulator.contract import (  # noqa: F401
     ACTION_HEADS,
     FEATURES,
@@ -467,7 +468,7 @@ def _start_from_metadata(meta: Dict[str, Any]) -> Tuple[Triple, str]:
 
         try:
             prof = Profile.from_dict(meta["profile"], source="policy metadata")
-            return oracle(prof, float(meta.get("k", 1.02))).threads, "profile"
+            return oracle(prof, float(meta.get("k", K_DEFAULT))).threads, "profile"
         except (ProfileError, TypeError, ValueError):
             pass
     return tuple(int(x) for x in meta.get("start_threads", (1, 1, 1))), "policy"  # type: ignore[return-value]

@@ -18,7 +18,7 @@ import math
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional
 
-from automdt.policy_contract import Features, Observation, PolicyBase, PolicyWrapper, Triple, clamp_triple
+from automdt.policy_contract import BUSY, Features, Observation, PolicyBase, PolicyWrapper, Triple, clamp_triple
 
 LOW = 0.7
 """Share of the best held rate below which the delivered rate is far too low."""
@@ -28,8 +28,6 @@ HOLD = 3
 """Intervals the fallback drives once the shield takes over."""
 MEMORY = 10
 """Intervals over which the best held rate is remembered."""
-BUSY = 0.9
-"""Share of a stage's thread-seconds spent busy from which it limits the transfer."""
 HEADROOM = 0.2
 """Extra share of the target rate the fallback provisions for (noise and chunk lumps)."""
 MIN_BUSY_S = 0.25

@@ -38,6 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from automdt.agents import ppo as ppo_mod
+from automdt.policy_contract import K_DEFAULT
 from automdt.simulator.contract import action_names
 from automdt.simulator.profile import Profile, StageProfile
 
@@ -191,7 +192,7 @@ class EnvSettings:
     the metadata; evaluation always runs the profiles as they are (no randomisation, no changes).
     """
 
-    k: float = 1.02
+    k: float = K_DEFAULT
     """Utility base per thread: of the training reward (unless ``PPOConfig.reward_k``), of every
     evaluation and of the oracle."""
     random_profiles: bool = False
@@ -319,7 +320,7 @@ def bottleneck_profiles(max_threads: int = 32, noise: float = 0.03) -> List[Tupl
 def evaluate(
     policy: Any,
     profiles: Sequence[Tuple[str, Profile]],
-    k: float = 1.02,
+    k: float = K_DEFAULT,
     steps: int = 60,
     seed: int = 0,
     starts: Optional[Sequence[Any]] = None,
@@ -378,7 +379,7 @@ def train(
     out: Union[str, os.PathLike],
     timesteps: Optional[int] = None,
     seed: int = 0,
-    k: float = 1.02,
+    k: float = K_DEFAULT,
     random_profiles: bool = False,
     randomize: float = 0.1,
     random_start: bool = False,

@@ -21,6 +21,7 @@ import time
 from typing import List, Optional
 
 from automdt import __version__, cli_args as A, errors, interrupts
+from automdt.policy_contract import K_DEFAULT
 from automdt.errors import AutomdtError, Interrupted
 from automdt.lazy import extra_of, require
 from automdt.transfer_engine import SESSION_CHUNK_SIZE_MAX, SESSION_CHUNK_SIZE_MIN
@@ -315,8 +316,8 @@ def _train_parser(sub) -> None:
                     help="the fraction of the oracle to reach, 0 < F <= 1 (default 0.95): without --profile training "
                          "stops there; with it, on the path as explored, `train` says when it is missed")
     tr.add_argument("--max-seconds", type=A.seconds(), default=None, metavar="SECONDS", help="wall-time budget")
-    tr.add_argument("--k", type=A.number(1.0, 2.0, what="a utility base"), default=1.02,
-                    help="utility base per thread, 1..2 (default 1.02)")
+    tr.add_argument("--k", type=A.number(1.0, 2.0, what="a utility base"), default=K_DEFAULT,
+                    help=f"utility base per thread, 1..2 (default {K_DEFAULT:g})")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.add_argument("--tensorboard", metavar="DIR", type=A.nonempty,
                     help="write SB3's TensorBoard logs and the evaluations' fraction of the oracle to DIR/PPO_<n>")
@@ -349,8 +350,8 @@ def _simulate_parser(sub) -> None:
     sm.add_argument("--steps", type=A.integer(1, 1_000_000), default=60, metavar="N",
                     help="control intervals to simulate (default 60)")
     sm.add_argument("--seed", type=A.integer(0), default=0, help="seed of the simulator's noise (default 0)")
-    sm.add_argument("--k", type=A.number(1.0, 2.0, what="a utility base"), default=1.02,
-                    help="utility base per thread, 1..2 (default 1.02)")
+    sm.add_argument("--k", type=A.number(1.0, 2.0, what="a utility base"), default=K_DEFAULT,
+                    help=f"utility base per thread, 1..2 (default {K_DEFAULT:g})")
     sm.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     _debug_option(sm)
 

@@ -25,6 +25,11 @@ STAGES = ("read", "net", "write")
 K_DEFAULT = 1.02
 """Thread-cost base of the utility ``sum_i t_i / K^n_i`` (AutoMDT, Marlin and Falcon use 1.02)."""
 
+BUSY = 0.9
+"""Share of a stage's thread-seconds spent busy from which the stage works at its capacity: its
+rate is its capacity at that count (the capacity controller's exact sample), and it limits the
+transfer (the shield's test)."""
+
 
 @dataclass(frozen=True)
 class Observation:

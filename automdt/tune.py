@@ -25,6 +25,7 @@ import time
 from typing import Any, Dict, List, Tuple
 
 from automdt import errors
+from automdt.policy_contract import K_DEFAULT
 from automdt.errors import AutomdtError
 from automdt.lazy import need
 
@@ -209,8 +210,8 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", metavar="PROFILE.yaml", type=A.nonempty,
                    help="path profile to train and score on (default: built-in)")
     p.add_argument("--random-profiles", action="store_true", help="train on randomised profiles, score on held-out ones")
-    p.add_argument("--k", type=A.number(1.0, 2.0, what="a utility base"), default=1.02,
-                   help="utility base per thread of the score, 1..2 (default 1.02)")
+    p.add_argument("--k", type=A.number(1.0, 2.0, what="a utility base"), default=K_DEFAULT,
+                   help=f"utility base per thread of the score, 1..2 (default {K_DEFAULT:g})")
     p.add_argument("--seed", type=A.integer(0), default=0, help="training seed of trial 0 (trial n uses seed + n)")
     p.add_argument("--sampler-seed", type=A.integer(0), default=None,
                    help="seed of this process's TPE sampler (default: random, so processes explore differently)")

@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from typing import Dict, Tuple
 
+from automdt.policy_contract import STAGES
+
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?)[bB]?\s*$")
 _POW = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
@@ -45,8 +47,6 @@ def parse_threads(text: str) -> Tuple[int, int, int]:
         raise ValueError(f"bad thread counts {text!r}: every count must be at least 1")
     return vals  # type: ignore[return-value]
 
-
-STAGES = ("read", "net", "write")
 
 
 def parse_throttle(spec: str) -> Dict[str, Tuple[float, float]]:

@@ -41,10 +41,10 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import numpy as np
 
 from automdt.agents.families import profile_at
+from automdt.policy_contract import STAGES
 from automdt.simulator.profile import Profile, StageProfile, capacity_array
 from automdt.simulator.oracle import oracle
 
-STAGES = ("read", "net", "write")
 FAMILIES = ("static", "two-stage", "contention", "noise", "moving", "link", "competing")
 MODEL_WRONG = ("noise", "contention", "moving", "link", "competing")
 """Families where the model-based controller's model (a static ``min(n tpt, B)`` path measured

@@ -90,6 +90,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from automdt.experiments.ablation import DEFAULT_CONTROLLERS  # one list for both halves
+from automdt.policy_contract import STAGES
 from automdt.experiments import metrics as M
 from automdt.experiments.changing import (ChangingScenario, calibrate_goodput, changing_transfer,
                                           throttle_optimum, time_to_fraction)
@@ -98,7 +99,6 @@ from automdt.experiments.realpaths import PathSession, RealScenario, real_scenar
 from automdt.experiments.runner import RunDir, _json_default, git_info, ppo_default_info
 from automdt.experiments.scenarios import DEFAULT_CHUNK, DEFAULT_INTERVAL_S, DEFAULT_MEMORY, MB
 
-STAGES = ("read", "net", "write")
 KiB = 1024
 NAME = "ablation-engine"
 NOMINAL_S = 16.0

@@ -42,6 +42,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from automdt.experiments import metrics as M
+from automdt.policy_contract import STAGES
 from automdt.experiments import plots
 from automdt.experiments.real import (PolicyUnavailable, check_lines, explore_and_train, load_average,
                                       profile_summary, report_head, to_result)
@@ -50,7 +51,6 @@ from automdt.experiments.realpaths import PathSession, RealScenario
 from automdt.experiments.runner import RunDir, RunResult, interval_rows, ppo_default_info
 from automdt.experiments.scenarios import MB
 
-STAGES = ("read", "net", "write")
 CHANGING_POLICIES = ("ppo", "ppo-own", "marlin", "falcon", "globus", "heuristic", "model", "oracle",
                      "oracle-phases")
 QUICK_POLICIES = ("ppo", "marlin", "oracle-phases")

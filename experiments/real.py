@@ -40,12 +40,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from automdt.experiments import metrics as M
+from automdt.policy_contract import STAGES
 from automdt.experiments import plots
 from automdt.experiments.realpaths import PathSession, RealScenario, TransferRun, real_scenarios
 from automdt.experiments.runner import RunDir, RunResult, git_info, interval_rows, ppo_default_info
 from automdt.experiments.scenarios import MB
 
-STAGES = ("read", "net", "write")
 REAL_POLICIES = ("ppo", "ppo-own", "marlin", "falcon", "globus", "heuristic", "model", "oracle")
 QUICK_POLICIES = ("ppo", "marlin", "oracle")
 GRID_LEVELS = (1, 4, 16)

@@ -52,6 +52,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from automdt.simulator.profile import STAGES, Profile, StageProfile
+from automdt.policy_contract import K_DEFAULT
 
 MB = 1_000_000
 """Throttles and rates are in SI units (the CLI's ``M``), as ``--throttle`` takes them
@@ -127,7 +128,7 @@ class Scenario:
                        receiver_buffer=int(memory), interval_s=float(interval_s), max_threads=self.max_threads,
                        noise=float(noise), meta={"scenario": self.name, "source": "automdt.experiments.scenarios"})
 
-    def oracle_threads(self, memory: int = DEFAULT_MEMORY, k: float = 1.02) -> Tuple[int, int, int]:
+    def oracle_threads(self, memory: int = DEFAULT_MEMORY, k: float = K_DEFAULT) -> Tuple[int, int, int]:
         """The simulator oracle's steady-state triple for :meth:`profile` (should equal :attr:`optimum`)."""
         from automdt.simulator.oracle import oracle
 

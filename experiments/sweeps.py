@@ -22,13 +22,14 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from automdt import errors
+from automdt.policy_contract import K_DEFAULT
 from automdt.errors import AutomdtError
 from automdt.lazy import need
 from automdt.tune import (  # noqa: F401  (re-exported: their old home)
     SEARCH_SPACE_VERSION, add_tune_arguments, open_storage, print_tune, suggest_config, tune)
 
 # ------------------------------------------------------------------------------------- grids
-def run_cell(scenario: str, policy: str, seed: int, steps: int = 60, k: float = 1.02, noise: float = 0.03
+def run_cell(scenario: str, policy: str, seed: int, steps: int = 60, k: float = K_DEFAULT, noise: float = 0.03
              ) -> Dict[str, Any]:
     """One grid cell in the simulator (a submitit job: module-level, picklable arguments)."""
     import socket
@@ -52,7 +53,7 @@ def run_cell(scenario: str, policy: str, seed: int, steps: int = 60, k: float = 
 
 
 def grid(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int], out_dir: str,
-         executor: str = "auto", parallel: int = 2, steps: int = 60, k: float = 1.02,
+         executor: str = "auto", parallel: int = 2, steps: int = 60, k: float = K_DEFAULT,
          timeout_min: int = 30) -> List[Dict[str, Any]]:
     """Run every (scenario, policy, seed) through submitit; write grid.csv, results.md, config.json."""
     import csv

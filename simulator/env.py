@@ -27,6 +27,7 @@ from automdt.simulator.dynamics import (
     need_from_encoding,
     utility_arrays,
 )
+from automdt.policy_contract import K_DEFAULT
 from automdt.simulator.pipeline import ObservationEncoder  # noqa: F401  (re-exported for importers of this module)
 from automdt.simulator.profile import STAGES, Profile
 from automdt.simulator.types import Triple
@@ -221,7 +222,7 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
     def __init__(
         self,
         profile: Profile | None = None,
-        k: float = 1.02,
+        k: float = K_DEFAULT,
         episode_steps: int = 30,
         randomize: float = 0.0,
         random_profiles: bool = False,

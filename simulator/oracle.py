@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from automdt.simulator.profile import Profile, capacity_array
+from automdt.policy_contract import K_DEFAULT
 from automdt.simulator.types import Observation, Triple
 
 __all__ = ["OracleResult", "SimTrajectory", "evaluate_policy_in_sim", "oracle", "oracle_batch"]
@@ -33,7 +34,7 @@ class OracleResult:
     throughput_bps: float
 
 
-def oracle(profile: Profile, k: float = 1.02) -> OracleResult:
+def oracle(profile: Profile, k: float = K_DEFAULT) -> OracleResult:
     """Exhaustive search over every triple in ``[1, max_threads]^3`` (vectorised).
 
     In steady state every stage moves the bottleneck's rate ``T = min_i c_i(n_i)``, so the
@@ -69,7 +70,7 @@ def oracle_batch(
     tpt: np.ndarray,
     bandwidth: np.ndarray,
     max_threads: int,
-    k: float = 1.02,
+    k: float = K_DEFAULT,
     capacity_model: str = "min",
     chunk: int = 1024,
     contention: np.ndarray | None = None,
@@ -155,7 +156,7 @@ def evaluate_policy_in_sim(
     profile: Profile,
     steps: int = 60,
     seed: int | None = 0,
-    k: float = 1.02,
+    k: float = K_DEFAULT,
     noise: float | None = None,
     start_threads: Triple | None = None,
 ) -> SimTrajectory:

@@ -40,8 +40,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-STAGES: tuple[str, str, str] = ("read", "net", "write")
-"""Stage names, in pipeline order (the order of every triple in this package)."""
+from automdt.policy_contract import STAGES
+
 
 CAPACITY_MODELS: tuple[str, str] = ("min", "concave")
 """``"min"``: ``min(n*tpt, B)`` (the AutoMDT model). ``"concave"``: ``B*n/(n + B/tpt)``, the

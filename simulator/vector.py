@@ -17,6 +17,7 @@ from gymnasium.vector.utils import batch_space
 from gymnasium.vector.vector_env import AutoresetMode
 
 from automdt.simulator.dynamics import DEFAULT_ACTION_HEAD, SimCore, actions_to_threads, need_from_encoding
+from automdt.policy_contract import K_DEFAULT
 from automdt.simulator.env import make_action_space, make_observation_space
 from automdt.simulator.profile import Profile, capacity_array
 
@@ -85,7 +86,7 @@ class BatchedBufferSim(VectorEnv):
         self,
         num_envs: int,
         profile: Profile | None = None,
-        k: float = 1.02,
+        k: float = K_DEFAULT,
         episode_steps: int = 30,
         randomize: float = 0.0,
         random_profiles: bool = False,

@@ -27,6 +27,7 @@ SMALL = {
     "explore_train_transfer.ipynb": {"explore_s": 12.0, "train_timesteps": 8192, "train_seconds": 20.0,
                                      "transfer_s": 4.0},
     "changing_paths.ipynb": {"policies": ["marlin", "oracle-phases"]},
+    "ablation.ipynb": {"per_family": 2, "controllers": ["default", "marlin", "model", "best-static"]},
 }
 
 
