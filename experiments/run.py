@@ -910,6 +910,10 @@ EXPERIMENT_HELP = {
                 "transfer joining at a quarter of it; Jain's index, link utilisation and loss.",
     "cost": "CPU seconds and threads per policy on the read-bound scenario, 10 s runs (--quick: 3 s; oracle, "
             "globus, marlin).",
+    "real": "Every policy on paths the engine does not throttle: a delayed link (20 and 80 ms RTT, the project's "
+            "delay forwarder), the real disk, a CPU quota; each beside an empirical grid of static triples.",
+    "changing": "Every policy on paths that change during the transfer: a moving bottleneck, a link that halves, a "
+                "competing transfer, or a throttle schedule of one's own (--throttle @FILE).",
     "all": "bottlenecks, then convergence and cost computed from its runs (--from), completion and fairness.",
 }
 
@@ -950,6 +954,45 @@ def run_all(st: Settings) -> List[Experiment]:
     return out
 
 
+ENGINE_EXPERIMENTS = {
+    "bottlenecks": "every policy on read-, network- and write-bound scenarios",
+    "convergence": "seconds to 90% of the achievable rate, and how still the counts stay",
+    "completion": "completion time of a large-file and a mixed-size dataset",
+    "fairness": "two transfers of one policy sharing a rate-limited link (root)",
+    "cost": "CPU seconds and threads per policy",
+    "real": "paths the engine does not throttle: delayed links, the real disk, a CPU quota",
+    "changing": "paths that change during the transfer",
+    "all": "bottlenecks, convergence, cost, completion and fairness",
+}
+"""One line each for ``--help`` of :data:`RUNNERS` and ``all`` (``NAME --help`` says more)."""
+
+MODULE_EXPERIMENTS: Dict[str, Tuple[str, bool, str]] = {
+    "ablation": ("ablation", False, "every controller on held-out families of simulated paths and on engine paths"),
+    "ablation-engine": ("ablation_engine", False, "the engine half of the ablation alone (--trained: the operator's "
+                        "workflow on every engine path)"),
+    "workflow": ("workflow", False, "explore -> train -> the trained file beside the default, in the simulator"),
+    "residual": ("residual", False, "a learned residual on the capacity controller: train, then score"),
+    "selector": ("selector", False, "a general learned selector on the capacity controller: train, then score"),
+    "parity": ("parity", False, "the same path and thread schedule in the simulator and on the engine"),
+    "rao": ("rao", False, "Rao et al.'s concave-convex throughput profiles against RTT"),
+    "tune": ("sweeps", True, "an Optuna study over PPO and reward settings (shared storage)"),
+    "grid": ("sweeps", True, "scenario x policy x seed in the simulator through submitit"),
+}
+"""The experiments with a command line of their own: name -> (module of ``automdt.experiments``
+whose ``main(argv)`` runs it, whether that ``main`` takes the name too, one line for ``--help``).
+``python -m automdt.experiments NAME ...`` runs each; the others are :data:`RUNNERS`."""
+
+
+def overview() -> str:
+    """What ``python -m automdt.experiments`` (no experiment, or ``--help`` first) prints."""
+    lines = ["usage: python -m automdt.experiments EXPERIMENT [options]   (EXPERIMENT --help for its options)", "",
+             "experiments on the real engine (shared options):"]
+    lines += [f"  {n:16s} {h}" for n, h in ENGINE_EXPERIMENTS.items()]
+    lines += ["", "experiments with options of their own:"]
+    lines += [f"  {n:16s} {h}" for n, (_, _, h) in MODULE_EXPERIMENTS.items()]
+    return "\n".join(lines) + "\n"
+
+
 def threading_main() -> bool:
     import threading
 
@@ -960,18 +1003,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import signal
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("tune", "grid"):  # sweeps: Optuna studies and submitit grids
-        from automdt.experiments.sweeps import main as sweeps_main
+    if not args or args[0] in ("-h", "--help"):
+        print(overview(), end="")
+        return 0 if args else 2
+    if args[0] in MODULE_EXPERIMENTS:
+        import importlib
 
-        return sweeps_main(args)
-    if args and args[0] == "ablation":  # held-out families and engine paths, every controller
-        from automdt.experiments.ablation import main as ablation_main
-
-        return ablation_main(args[1:])
-    if args and args[0] == "workflow":  # explore -> train -> transfer in the simulator, trained file vs default
-        from automdt.experiments.workflow import main as workflow_main
-
-        return workflow_main(args[1:])
+        module, with_name, _ = MODULE_EXPERIMENTS[args[0]]
+        run_main = importlib.import_module(f"automdt.experiments.{module}").main
+        return int(run_main(args if with_name else args[1:]) or 0)
     named = [x for x in args if x in RUNNERS or x == "all"]
     if named and any(x in ("-h", "--help") for x in args):
         try:
