@@ -202,7 +202,7 @@ class CapacityPolicy(PolicyBase):
         return self.current
 
     def features(self) -> Features:
-        """It takes a start (a job's history, or :attr:`start_threads`) and acts in a run's tail
+        """It takes a start (a job's history, or ``start_threads``) and acts in a run's tail
         too: the writers that drain the buffers are sized from their own counters."""
         return Features(start=OwnStart(self.start_threads, "policy"), asked_in_tail=True)
 

@@ -19,7 +19,7 @@ Specs:
 * ``MODULE:FACTORY`` (e.g. ``mylab.policies:GreedyPolicy``): a policy of one's own, from any
   importable module (installed, or on ``PYTHONPATH``); ``FACTORY`` is a class or function called as
   ``FACTORY(max_threads=..., **kw)`` (or ``FACTORY(**kw)`` if it takes no ``max_threads``) that
-  returns an object with ``reset`` and ``act`` (:class:`~automdt.agents.base.Policy`).
+  returns an object with ``reset`` and ``act`` (:class:`~automdt.policy_contract.Policy`).
 
 Keyword arguments go to the policy's constructor (or to the loader), e.g.
 ``make_policy("heuristic", 32, rtt_s=0.02, avg_file_size=64 << 20)``. More names can be added

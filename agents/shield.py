@@ -88,13 +88,13 @@ class Fallback(PolicyBase):
 
 
 class Shield(PolicyWrapper):
-    """Wraps ``policy`` (any :class:`Policy`; ``None`` when only :meth:`filter` is used, as the
+    """Wraps ``policy`` (any :class:`~automdt.policy_contract.Policy`; ``None`` when only :meth:`filter` is used, as the
     training wrapper does) and overrides it while the transfer sits far below its best held rate.
     Every hook of the policy (its start, whether it is asked in the tail, a start given from
     outside) passes through unchanged (:class:`~automdt.policy_contract.PolicyWrapper`); its
     annotation gains ``shield`` when the shield acted.
 
-    :attr:`note` says what the shield did in the last interval (``""``, ``"takeover"``,
+    ``note`` says what the shield did in the last interval (``""``, ``"takeover"``,
     ``"fallback"``) for the interval log.
     """
 

@@ -91,7 +91,7 @@ class Policy(Protocol):
 
 @dataclass(frozen=True)
 class OwnStart:
-    """Where a policy that takes a start (:attr:`Features.start`) starts when neither ``--threads``
+    """Where a policy that takes a start (``Features.start``) starts when neither ``--threads``
     nor a job's history says otherwise (:mod:`automdt.start`).
 
     :param threads: the counts (clamped by the run's bounds).

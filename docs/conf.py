@@ -24,6 +24,7 @@ release = __version__
 version = ".".join(__version__.split(".")[:2])
 
 extensions = [
+    "sphinx.ext.autodoc",   # the API reference (docs/api.md) from the docstrings
     "myst_nb",              # MyST Markdown pages and .ipynb notebooks (implies myst_parser)
     "sphinxarg.ext",        # the argparse directive: the CLI reference from automdt.cli.build_parser()
     "automdt_docs",         # generated tables: exit codes, results files, schema fields
@@ -50,6 +51,10 @@ html_theme_options = {"navigation_with_keys": True}
 
 # `make docs` runs with -W -n: every warning is an error, every reference must resolve.
 nitpicky = True
+# the API reference: signatures without type hints (the docstrings say what each parameter is)
+autodoc_typehints = "none"
+autodoc_member_order = "bysource"
+autodoc_inherit_docstrings = False  # gymnasium's own method docstrings refer to its own pages
 suppress_warnings: list[str] = []
 
 # automdt(1): the CLI reference page, as a man page (`make docs` -> docs/_build/man/automdt.1)

@@ -124,7 +124,7 @@ def utility(throughput_bps: Sequence[float] | np.ndarray, threads: Sequence[int]
 # ---------------------------------------------------------------------------------------------
 class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
     """
-    ## Description
+    **Description**
 
     A modular transfer (read pool -> sender buffer S -> network pool -> receiver buffer R -> write
     pool) reduced to the fluid dynamics of its two bounded staging buffers, after the AutoMDT
@@ -146,33 +146,37 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
     constant over an interval the result is independent of ``substeps`` (tested). Buffers carry
     over between steps. Achieved throughput of a stage = bytes it moved / ``interval_s``.
 
-    ## Action Space
+    **Action Space**
 
     ``MultiDiscrete([11, 11, 11])`` (the default ``target`` head), one index per stage (read, net,
-    write), applied to the current counts by :func:`action_to_threads` on the anchors of the
+    write), applied to the current counts by :func:`~automdt.simulator.env.action_to_threads` on the anchors of the
     observation just returned, clipped to ``[1, max_threads]``:
 
-    | Index | Meaning        | New count                                                 |
-    |-------|----------------|-----------------------------------------------------------|
-    | 0     | hold           | ``n``                                                     |
-    | 1, 2  | minus/plus one | ``n - 1``, ``n + 1``                                      |
-    | 3, 4  | need (+1)      | ``ceil(n * utilization * efficiency - 0.25)`` (+1)        |
-    | 5, 6  | carry (+1)     | the need times the neighbour's throughput / own (+1)      |
-    | 7, 8  | double, x4     | ``2 n``, ``4 n``                                          |
-    | 9, 10 | max, halve     | ``max_threads``, ``n // 2``                               |
+
+    =====  ==============  =========================================================
+    Index  Meaning         New count
+    =====  ==============  =========================================================
+    0      hold            ``n``
+    1, 2   minus/plus one  ``n - 1``, ``n + 1``
+    3, 4   need (+1)       ``ceil(n * utilization * efficiency - 0.25)`` (+1)
+    5, 6   carry (+1)      the need times the neighbour's throughput / own (+1)
+    7, 8   double, x4      ``2 n``, ``4 n``
+    9, 10  max, halve      ``max_threads``, ``n // 2``
+    =====  ==============  =========================================================
 
     ``action_head="absolute"`` (hold, -1, +1, then 1..max_threads) and ``"step"`` (halve, -1, hold,
     +1, double) are the other heads. :meth:`step_threads` takes absolute counts instead (for
     baselines and evaluation).
 
-    ## Observation Space
+    **Observation Space**
 
-    ``Box(0, 1, (25,), float32)`` produced by :class:`ObservationEncoder` from the raw
-    measurements (which are in ``info["observation"]``, an :class:`Observation` in bytes/s; see
+    ``Box(0, 1, (25,), float32)`` produced by :class:`~automdt.simulator.pipeline.ObservationEncoder`
+    from the raw measurements (which are in ``info["observation"]``, an
+    :class:`~automdt.policy_contract.Observation` in bytes/s; see
     the encoder for the components: threads, throughputs, fills, the previous interval, thread
     efficiency, utilization, peak throughputs, buffer trends).
 
-    ## Rewards
+    **Rewards**
 
     ``utility(t, n, k, scale) = sum_i (t_i / scale) / k**n_i`` with ``scale`` the episode
     profile's achievable rate ``min_i c_i(max_threads)`` (= the smallest bandwidth when the thread
@@ -181,7 +185,7 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
     ``max_threads`` (default 0; the lower bound is not penalised: 1 thread is often optimal).
     :func:`automdt.simulator.oracle.oracle` gives the best steady-state utility for comparison.
 
-    ## Starting State
+    **Starting State**
 
     Each :meth:`reset` (optionally) draws a new profile (``random_profiles``) and jitters TPT and
     B by ``randomize``; with ``random_start`` the thread counts are uniform in
@@ -189,20 +193,20 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
     ``options={"threads": (r, n, w), "buffer_fill": (s, r)}`` overrides the start. One interval
     is simulated at the start triple so the first observation is a real measurement.
 
-    ## Episode End
+    **Episode End**
 
     Never terminates; truncates after ``episode_steps`` steps (the env does this itself, no
     ``TimeLimit`` wrapper is registered). Stepping further works (new noise is drawn).
 
-    ## Arguments
+    **Arguments**
 
-    :param profile: the path profile; ``None``: :meth:`Profile.default`. With ``random_profiles``
+    :param profile: the path profile; ``None``: :meth:`~automdt.simulator.profile.Profile.default`. With ``random_profiles``
         only its ``max_threads`` and ``interval_s`` are used (and, if ``noise`` is None, each
         random profile's own noise level applies).
     :param k: utility base per thread (1.02 as in Falcon/Marlin/AutoMDT).
     :param episode_steps: steps per episode.
     :param randomize: relative spread of TPT and B redrawn each reset (uniform in ``[1-s, 1+s]``).
-    :param random_profiles: draw a fresh :meth:`Profile.random` at each reset (general policy).
+    :param random_profiles: draw a fresh :meth:`~automdt.simulator.profile.Profile.random` at each reset (general policy).
     :param random_start: random start threads and buffer fills.
     :param noise: relative std of the per-interval capacity noise; ``None``: the profile's.
     :param substeps: sub-steps per interval.
@@ -212,7 +216,7 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
 
     All randomness comes from ``self.np_random`` (see :mod:`automdt.simulator.dynamics`).
 
-    ## Version History
+    **Version History**
 
     * v0: initial version.
     """
@@ -280,7 +284,7 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
     def set_path(self, profile: Profile) -> None:
         """The path changes now (a moving bottleneck, a link that halves, a transfer that joins):
         the next :meth:`step` runs on ``profile``'s stages; the buffers, their contents, the noise
-        and the thread bound stay. :attr:`episode_profile` and the reward's normalisation follow."""
+        and the thread bound stay. ``episode_profile`` and the reward's normalisation follow."""
         assert not self._needs_reset, "Call reset before using set_path."
         self._core.set_stages(np.array([0]), profile)
 

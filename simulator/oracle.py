@@ -167,7 +167,7 @@ def evaluate_policy_in_sim(
     so ``automdt simulate`` runs in the base install.
 
     :param policy: an object with ``reset(max_threads, seed) -> Triple`` and
-        ``act(Observation) -> Triple`` (the :class:`automdt.agents.base.Policy` protocol), or a
+        ``act(Observation) -> Triple`` (the :class:`automdt.policy_contract.Policy` protocol), or a
         plain callable ``act(Observation) -> Triple`` (then the start is ``start_threads`` or
         (1, 1, 1)).
     :param profile: the path profile.
