@@ -418,23 +418,33 @@ class SimCore:
             profile = Profile.default()
         if not isinstance(profile, Profile):
             raise TypeError(f"profile must be a Profile or None, got {type(profile).__name__}")
-        assert num_envs >= 1, "num_envs must be >= 1"
-        assert k > 0, f"k must be > 0 (the papers use 1.02), got {k}"
-        assert episode_steps >= 1, f"episode_steps must be >= 1, got {episode_steps}"
-        assert 0.0 <= randomize < 1.0, f"randomize is a relative spread in [0, 1), got {randomize}"
-        assert noise is None or 0.0 <= noise <= 0.5, f"noise is a relative std in [0, 0.5], got {noise}"
-        assert substeps >= 1, f"substeps must be >= 1, got {substeps}"
-        assert bound_penalty >= 0.0, f"bound_penalty must be >= 0, got {bound_penalty}"
+        if not (num_envs >= 1):
+            raise ValueError("num_envs must be >= 1")
+        if not (k > 0):
+            raise ValueError(f"k must be > 0 (the papers use 1.02), got {k}")
+        if not (episode_steps >= 1):
+            raise ValueError(f"episode_steps must be >= 1, got {episode_steps}")
+        if not (0.0 <= randomize < 1.0):
+            raise ValueError(f"randomize is a relative spread in [0, 1), got {randomize}")
+        if not (noise is None or 0.0 <= noise <= 0.5):
+            raise ValueError(f"noise is a relative std in [0, 0.5], got {noise}")
+        if not (substeps >= 1):
+            raise ValueError(f"substeps must be >= 1, got {substeps}")
+        if not (bound_penalty >= 0.0):
+            raise ValueError(f"bound_penalty must be >= 0, got {bound_penalty}")
         if chunk_bytes is None:
             chunk_bytes = float(profile.meta.get("chunk_bytes", 0.0) or 0.0) if isinstance(profile.meta, dict) else 0.0
-        assert chunk_bytes >= 0.0, f"chunk_bytes must be >= 0, got {chunk_bytes}"
-        assert chunk_range is None or 0.0 < chunk_range[0] <= chunk_range[1], f"bad chunk_range {chunk_range!r}"
+        if not (chunk_bytes >= 0.0):
+            raise ValueError(f"chunk_bytes must be >= 0, got {chunk_bytes}")
+        if not (chunk_range is None or 0.0 < chunk_range[0] <= chunk_range[1]):
+            raise ValueError(f"bad chunk_range {chunk_range!r}")
         self.chunk_bytes = float(chunk_bytes)
         self.chunk_range = None if chunk_range is None else (float(chunk_range[0]), float(chunk_range[1]))
         self.chunked = self.chunk_bytes > 0.0 or self.chunk_range is not None
         if start_mix is not None:
             mix = np.asarray(start_mix, dtype=np.float64)
-            assert mix.shape == (3,) and (mix >= 0).all() and mix.sum() > 0, f"bad start_mix {start_mix!r}"
+            if not (mix.shape == (3,) and (mix >= 0).all() and mix.sum() > 0):
+                raise ValueError(f"bad start_mix {start_mix!r}")
             self.start_cdf: np.ndarray | None = np.cumsum(mix / mix.sum())
         else:
             self.start_cdf = None

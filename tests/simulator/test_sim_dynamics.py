@@ -318,3 +318,17 @@ def test_alternating_counts_cannot_move_more_than_a_stage_can():
         _, _, _, _, info = env.step_threads((32, 7, 2) if t % 2 == 0 else (10, 7, 8))
         written += info["sim/write/moved_bps"]
     assert written / 40 <= 1.05 * prof.read.bandwidth  # (before: twice the bandwidth)
+
+
+@pytest.mark.parametrize("bad", [{"k": 0.0}, {"episode_steps": 0}, {"randomize": 1.0}, {"noise": 0.9},
+                                 {"substeps": 0}, {"chunk_bytes": -1.0}, {"chunk_range": (2.0, 1.0)}])
+def test_bad_settings_raise_a_value_error_even_under_python_O(bad):
+    """Settings are checked with exceptions, not asserts (which ``python -O`` strips)."""
+    import subprocess
+    import sys
+
+    with pytest.raises(ValueError):
+        BufferSimEnv(Profile.default(), **bad)
+    code = f"from automdt.simulator.env import BufferSimEnv\nBufferSimEnv(**{bad!r})"
+    p = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "ValueError" in p.stderr
