@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 from automdt.interval import IntervalRecord
 from automdt.policy_contract import STAGES, Observation, Policy, PolicyBase, Triple, as_policy, clamp_triple
@@ -116,9 +116,9 @@ class Controller:
         self.t0 = time.monotonic()
         self._last_t = self.t0
         self._last: Optional[Tuple[int, int, int]] = None
-        self._last_busy: Optional[Tuple[float, ...]] = None
+        self._last_busy: Optional[StageSeconds] = None
         self._last_tcp: Tuple[int, int] = (0, 0)
-        self._raw: Tuple[Tuple[int, int, int], list] = ((0, 0, 0), [0.0] * 7)
+        self._raw: Tuple[Tuple[int, int, int], StageSeconds] = ((0, 0, 0), StageSeconds())
         self._cpu = (time.process_time(), time.monotonic())
         self.history: list[IntervalRecord] = []
         self.last_record: Optional[IntervalRecord] = None
@@ -269,7 +269,7 @@ class Controller:
         if dt <= 0 or dt < floor:
             return None
         moved = (counted[0] - self._last[0], counted[1] - self._last[1], counted[2] - self._last[2])
-        d = [float(b) - float(a) for a, b in zip(self._last_busy, busy)]
+        d = busy.since(self._last_busy)
         self._last, self._last_busy, self._last_t = counted, busy, now
         if loss is None:
             segs, retrans = tcp[0] - self._last_tcp[0], tcp[1] - self._last_tcp[1]
@@ -301,9 +301,9 @@ class Controller:
             next_threads=new,
             # raw counters of the interval, for exploration and profile fitting
             bytes=moved,
-            busy_s=(round(d[0], 4), round(d[1], 4), round(d[2], 4)),
-            wait_s=(round(d[3], 4), round(d[4], 4), round(d[5], 4)),
-            recv_wait_s=round(d[6], 4),
+            busy_s=(round(d.busy_read, 4), round(d.busy_net, 4), round(d.busy_write, 4)),
+            wait_s=(round(d.wait_read, 4), round(d.wait_net, 4), round(d.wait_write, 4)),
+            recv_wait_s=round(d.recv_wait, 4),
             interval_s=round(obs.interval_s, 4),
             throttle=ann.pop("throttle", None),
             final=final,
@@ -378,27 +378,45 @@ def default_early_intervals(policy: Any, interval_s: float,
     return tuple(min(1.0, float(f)) * interval_s for f in fractions if float(f) > 0)
 
 
-def _busy(sender_stats: "SenderStats", receiver_stats: Optional["ReceiverStats"]) -> Tuple[float, ...]:
-    """(busy r, n, w, wait r, n, w, receiver recv-stage wait) thread-seconds so far."""
+class StageSeconds(NamedTuple):
+    """Thread-seconds the engines counted, per stage: busy and waiting on a staging buffer, and the
+    receiving connections' wait for a slot (``recv_wait``). Totals so far (:func:`_busy`), or one
+    interval's differences (:meth:`since`)."""
+
+    busy_read: float = 0.0
+    busy_net: float = 0.0
+    busy_write: float = 0.0
+    wait_read: float = 0.0
+    wait_net: float = 0.0
+    wait_write: float = 0.0
+    recv_wait: float = 0.0
+
+    def since(self, earlier: "StageSeconds") -> "StageSeconds":
+        """The counts between ``earlier`` and these."""
+        return StageSeconds(*(float(b) - float(a) for a, b in zip(earlier, self)))
+
+
+def _busy(sender_stats: "SenderStats", receiver_stats: Optional["ReceiverStats"]) -> StageSeconds:
+    """The engines' thread-seconds so far (the write stage's are 0 before the receiver's first reply)."""
     r, n = sender_stats.read, sender_stats.net
     if receiver_stats is None:
-        return (r.busy_s, n.busy_s, 0.0, r.wait_s, n.wait_s, 0.0, 0.0)
+        return StageSeconds(r.busy_s, n.busy_s, 0.0, r.wait_s, n.wait_s, 0.0, 0.0)
     w, rv = receiver_stats.write, receiver_stats.recv
-    return (r.busy_s, n.busy_s, w.busy_s, r.wait_s, n.wait_s, w.wait_s, rv.wait_s)
+    return StageSeconds(r.busy_s, n.busy_s, w.busy_s, r.wait_s, n.wait_s, w.wait_s, rv.wait_s)
 
 
-def stage_times(d: Any) -> Tuple[Tuple[float, float, float], Tuple[float, float, float]]:
+def stage_times(d: StageSeconds) -> Tuple[Tuple[float, float, float], Tuple[float, float, float]]:
     """Busy and waiting thread-seconds per stage (read, net, write) for the policy, from one
-    interval's counter deltas ``d`` (the order of :func:`_busy`).
+    interval's counts ``d``.
 
     A network thread that a full receiver buffer holds back is blocked in ``send`` and so counts
     as busy on the sender; the receiving connection waits for a slot meanwhile (``recv wait``).
     That time is moved from the network's busy to its waiting time, so that a stage held back by a
     buffer reads as waiting on both ends, as in the simulator.
     """
-    recv_wait = min(max(d[6], 0.0), max(d[1], 0.0))
-    busy = (max(d[0], 0.0), max(d[1], 0.0) - recv_wait, max(d[2], 0.0))
-    wait = (max(d[3], 0.0), max(d[4], 0.0) + recv_wait, max(d[5], 0.0))
+    recv_wait = min(max(d.recv_wait, 0.0), max(d.busy_net, 0.0))
+    busy = (max(d.busy_read, 0.0), max(d.busy_net, 0.0) - recv_wait, max(d.busy_write, 0.0))
+    wait = (max(d.wait_read, 0.0), max(d.wait_net, 0.0) + recv_wait, max(d.wait_write, 0.0))
     return busy, wait
 
 
