@@ -79,6 +79,22 @@ OBS_NAMES: tuple[str, ...] = (
 OBS_DIM = len(OBS_NAMES)
 """Length of one encoded observation."""
 
+
+def _span(first: str, count: int) -> slice:
+    i = OBS_NAMES.index(first)
+    return slice(i, i + count)
+
+
+OBS_COLUMNS: Dict[str, slice] = {
+    "threads": _span("read/threads", 3), "throughput": _span("read/throughput", 3),
+    "fill": _span("buffer/sender_fill", 2), "prev_threads": _span("prev/read/threads", 3),
+    "prev_throughput": _span("prev/read/throughput", 3), "efficiency": _span("read/thread_efficiency", 3),
+    "utilization": _span("read/utilization", 3), "peak_throughput": _span("read/peak_throughput", 3),
+    "trend": _span("buffer/sender_trend", 2),
+}
+"""The encoded observation's columns by group (read, net, write or sender, receiver), as slices of
+:data:`OBS_NAMES`: what the encoder writes and the action heads read."""
+
 FEATURES = ("spare_threads", "noise_level", "debiased_spare", "need", "spare", "drain")
 """Derived inputs a policy may add to the simulator's encoding (metadata ``features``).
 

@@ -22,6 +22,7 @@ from automdt.simulator.contract import (  # noqa: F401  (re-exported for importe
     ACTION_HEADS,
     ACTION_NAMES,
     DEFAULT_ACTION_HEAD,
+    OBS_COLUMNS,
     OBS_DIM,
     OBS_NAMES,
     TARGET_NAMES,
@@ -49,6 +50,9 @@ U_LAYOUT: dict[str, slice] = {
 then the in-flight draws of :func:`measure_interval`."""
 
 _SQRT3 = math.sqrt(3.0)
+C = OBS_COLUMNS
+_NEIGHBOUR = [OBS_NAMES.index(n) for n in ("net/throughput", "write/throughput", "net/throughput")]
+"""Per stage, the encoded throughput of the neighbour whose flow it carries."""
 
 # Step head: index -> (multiplier, addend); new = floor(n * mult) + add, then clipped. The names
 # (ACTION_HEADS, ACTION_NAMES, TARGET_NAMES, OBS_NAMES...) live in the dependency-free
@@ -67,10 +71,10 @@ def need_from_encoding(enc: np.ndarray, max_threads: int) -> np.ndarray:
     encodings (N, :data:`OBS_DIM`). The ``target`` head anchors on them; the simulator and the
     live policy compute them from the same encoding."""
     e = np.asarray(enc, dtype=np.float64).reshape(-1, OBS_DIM)
-    n = np.rint(e[:, 0:3] * max_threads)
-    need = n * e[:, 17:20] * e[:, 14:17]
-    neighbour = e[:, [4, 5, 4]]  # net, write, net throughputs (over the same reference)
-    carry = np.minimum(need * neighbour / np.maximum(e[:, 3:6], 1e-6), float(max_threads))
+    n = np.rint(e[:, C['threads']] * max_threads)
+    need = n * e[:, C['utilization']] * e[:, C['efficiency']]
+    neighbour = e[:, _NEIGHBOUR]  # net, write, net throughputs (over the same reference)
+    carry = np.minimum(need * neighbour / np.maximum(e[:, C['throughput']], 1e-6), float(max_threads))
     return np.concatenate([need, carry], axis=1)
 
 _TINY_BPS = 1.0  # floor of the throughput reference (bytes/s): avoids 0/0 before anything moved
@@ -226,11 +230,11 @@ def encode_arrays(
     out = np.empty((n, OBS_DIM), dtype=np.float32)
     inv_m = 1.0 / max_threads
     inv_ref = 1.0 / np.maximum(ref_bps, _TINY_BPS)[:, None]
-    out[:, 0:3] = threads * inv_m
-    out[:, 3:6] = throughput_bps * inv_ref
-    out[:, 6:8] = fill
-    out[:, 8:11] = prev_threads * inv_m
-    out[:, 11:14] = prev_throughput_bps * inv_ref
+    out[:, C['threads']] = threads * inv_m
+    out[:, C['throughput']] = throughput_bps * inv_ref
+    out[:, C['fill']] = fill
+    out[:, C['prev_threads']] = prev_threads * inv_m
+    out[:, C['prev_throughput']] = prev_throughput_bps * inv_ref
     if rate is None:
         rate = throughput_bps / np.maximum(threads, 1)
     if best_rate_bps is None:
@@ -239,14 +243,14 @@ def encode_arrays(
     eff = np.where(best_rate_bps > _TINY_BPS, rate / np.maximum(best_rate_bps, _TINY_BPS), 1.0)
     if busy is not None:
         eff = np.where(busy > 1e-6, eff, 1.0)
-    out[:, 14:17] = np.minimum(eff, 1.0)
+    out[:, C['efficiency']] = np.minimum(eff, 1.0)
     if busy is None:
-        out[:, 17:20] = 1.0
+        out[:, C['utilization']] = 1.0
     else:
         w = np.zeros_like(busy) if wait is None else wait
-        out[:, 17:20] = np.where(busy + w > 1e-9, busy / np.maximum(busy + w, 1e-9), 1.0)
-    out[:, 20:23] = (throughput_bps if peak_bps is None else peak_bps) * inv_ref
-    out[:, 23:25] = 0.5 if prev_fill is None else 0.5 + 0.5 * (fill - prev_fill)
+        out[:, C['utilization']] = np.where(busy + w > 1e-9, busy / np.maximum(busy + w, 1e-9), 1.0)
+    out[:, C['peak_throughput']] = (throughput_bps if peak_bps is None else peak_bps) * inv_ref
+    out[:, C['trend']] = 0.5 if prev_fill is None else 0.5 + 0.5 * (fill - prev_fill)
     if clip:
         np.clip(out, 0.0, 1.0, out=out)
     return out

@@ -27,6 +27,7 @@ from automdt.simulator.contract import (  # noqa: F401  (FEATURES & co. re-expor
     FEATURE_DIMS,
     FEATURES,
     OBS_DIM,
+    OBS_COLUMNS,
     OBS_NAMES,
     check_features,
     feature_dim,
@@ -144,14 +145,14 @@ DEBIAS = 0.9
 ~ 1.04 s, and the noise level is ~1.15 s."""
 
 _STATEFUL = ("noise_level", "debiased_spare", "need", "spare")
-_UTIL = [OBS_NAMES.index(f"{st}/utilization") for st in ("read", "net", "write")]
-_FILL = [OBS_NAMES.index(f"buffer/{b}_fill") for b in ("sender", "receiver")]
-_TREND = [OBS_NAMES.index(f"buffer/{b}_trend") for b in ("sender", "receiver")]
-_THREADS = [OBS_NAMES.index(f"{st}/threads") for st in ("read", "net", "write")]
-_EFFICIENCY = [OBS_NAMES.index(f"{st}/thread_efficiency") for st in ("read", "net", "write")]
-_TPUT = [OBS_NAMES.index(f"{st}/throughput") for st in ("read", "net", "write")]
-_PREV_THREADS = [OBS_NAMES.index(f"prev/{st}/threads") for st in ("read", "net", "write")]
-_PREV_TPUT = [OBS_NAMES.index(f"prev/{st}/throughput") for st in ("read", "net", "write")]
+_UTIL = OBS_COLUMNS["utilization"]
+_FILL = OBS_COLUMNS["fill"]
+_TREND = OBS_COLUMNS["trend"]
+_THREADS = OBS_COLUMNS["threads"]
+_EFFICIENCY = OBS_COLUMNS["efficiency"]
+_TPUT = OBS_COLUMNS["throughput"]
+_PREV_THREADS = OBS_COLUMNS["prev_threads"]
+_PREV_TPUT = OBS_COLUMNS["prev_throughput"]
 
 
 def _spare(n: np.ndarray, eff: np.ndarray) -> np.ndarray:
