@@ -155,8 +155,11 @@ def _transfer_parser(sub) -> None:
     t.add_argument("--checksum", action="store_true", help="skip files by content digest instead of size+mtime")
     t.add_argument("--max-duration", type=A.seconds(), metavar="SECONDS",
                    help="stop cleanly after SECONDS (> 0; exit 10); the next run resumes")
-    t.add_argument("--fsync", choices=["none", "file", "dir"], default="none",
-                   help="durability: fsync each file before its rename (file), and its directory after (dir)")
+    t.add_argument("--fsync", choices=["none", "end", "file", "dir"], default="end",
+                   help="durability after a power cut: end (default): the receiver writes the destination's "
+                        "filesystem back (syncfs) before the run reports success, so exit 0 means on disk; file: "
+                        "fsync each file before its rename; dir: and its directory after; none: no guarantee at "
+                        "exit (a rerun after a crash still resends what was at risk)")
     t.add_argument("--chunk-retries", type=A.integer(0, 1000), default=5, metavar="N",
                    help="re-sends of a corrupt chunk before the file fails (default 5)")
     t.add_argument("--retries", type=A.integer(0, 1000), default=2, metavar="N",

@@ -25,7 +25,8 @@ NETWORK = 5
 FILES_FAILED = 6
 """Some files failed with a non-retryable error (permissions, refused names)."""
 FATAL = 7
-"""Fatal: destination full or over quota, authentication rejected, ``--encrypt`` differs between the ends."""
+"""Fatal: destination full or over quota, authentication rejected, ``--encrypt`` differs between the ends,
+or the data did not reach the disk (the durable point's write-back failed)."""
 MAX_DURATION = 10
 """``--max-duration`` reached; the next run resumes."""
 INTEGRITY = 11
@@ -47,7 +48,8 @@ EXIT_CODES = {
     FILE_NOT_FOUND: "source file not found",
     NETWORK: "receiver unreachable or connection lost; safe to re-run (resumes)",
     FILES_FAILED: "some files failed (permissions, refused names); others completed",
-    FATAL: "fatal: destination full, authentication rejected, or --encrypt differs between the ends",
+    FATAL: "fatal: destination full, authentication rejected, --encrypt differs between the ends, or the data did "
+           "not reach the disk",
     MAX_DURATION: "--max-duration reached; the next run resumes",
     INTEGRITY: "integrity failure persisted after re-sends; nothing renamed into place",
     SOURCE_CHANGED: "a source file changed or vanished during the transfer",

@@ -34,7 +34,7 @@ VERSION = 1
 MAX_MESSAGE_BYTES = 16 << 20
 DEFAULT_CHUNK_SIZE = 4 << 20
 """The chunk size an ``open`` without one asks for."""
-FSYNC_MODES = ("none", "file", "dir")
+FSYNC_MODES = ("none", "end", "file", "dir")
 MAX_DIGEST_PATHS = 1000
 """Paths one ``digest`` request may ask for (the rest of a longer list is ignored)."""
 

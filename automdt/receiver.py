@@ -12,6 +12,7 @@ Message flow: ``automdt/PROTOCOL.md``.
 """
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import os
@@ -26,7 +27,7 @@ import zmq
 from automdt import errors, protocol
 from automdt.partial import PartialFile
 from automdt.protocol import is_loopback
-from automdt.session import HANDSHAKE_STATES, Session, SessionError
+from automdt.session import HANDSHAKE_STATES, Deferred, Session, SessionError
 
 __all__ = ["ReceiverServer", "Session", "SessionError", "is_loopback"]
 
@@ -151,6 +152,8 @@ class ReceiverServer:
         # stop() writes a byte here so that serve_forever's poll returns at once, not on its timeout
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
+        self._deferred: "collections.deque[Tuple[bytes, Any]]" = collections.deque()
+        """Replies made in a thread (:class:`~automdt.session.Deferred`), sent by the serving loop."""
 
     def claim(self, session: Session, f: PartialFile) -> None:
         """Make ``session`` the only writer of ``f``'s destination. Another session that still
@@ -194,6 +197,9 @@ class ReceiverServer:
                 if len(frames) != 2:
                     continue
                 self._dispatch(frames[0].bytes, frames[1].bytes, _peer(frames[1]))
+            while self._deferred:
+                ident, wire = self._deferred.popleft()
+                self._send(ident, wire)
             now = time.monotonic()
             for ident, s in list(self.sessions.items()):
                 if s.state == "closed":
@@ -240,6 +246,10 @@ class ReceiverServer:
                 s = self.sessions[ident] = Session(self, ident, peer)
                 self.sessions_total += 1
             reply = s.handle(msg)
+            if isinstance(reply, Deferred):
+                threading.Thread(target=self._run_deferred, args=(ident, seq, reply), daemon=True,
+                                 name=f"automdt-{msg['type']}-{s.sid[:8]}").start()
+                return
         except protocol.ProtocolError as e:
             reply = protocol.Error(errors.USAGE, f"protocol error: {e}")
             self._drop(ident, reply.message)
@@ -262,9 +272,30 @@ class ReceiverServer:
             self._drop(ident, reply.message)
         wire = reply.to_dict()
         wire["seq"] = seq
+        self._send(ident, wire)
+
+    def _send(self, ident: bytes, wire: Dict[str, Any]) -> None:
         try:
             self.sock.send_multipart([ident, protocol.encode(wire)], zmq.NOBLOCK)
         except zmq.ZMQError:
+            pass
+
+    def _run_deferred(self, ident: bytes, seq: Any, job: Deferred) -> None:
+        """Make a deferred reply (in its own thread) and hand it to the serving loop."""
+        reply: protocol.Message
+        try:
+            reply = job.make()
+        except SessionError as e:
+            reply = protocol.Error(e.code, str(e))
+        except Exception as e:  # the reply must come, whatever failed
+            log.exception("deferred reply failed")
+            reply = protocol.Error(errors.ERROR, f"internal error: {type(e).__name__}")
+        wire = reply.to_dict()
+        wire["seq"] = seq
+        self._deferred.append((ident, wire))
+        try:
+            self._wake_w.send(b"d")
+        except OSError:
             pass
 
     def _drop(self, ident: bytes, why: str = "") -> None:

@@ -43,6 +43,9 @@ HANDSHAKE_TIMEOUT_S = 10.0
 """Most time the probe and the hello may take (a live receiver answers at once)."""
 CLOSE_TIMEOUT_S = 5.0
 """Reply timeout of the ``close`` at shutdown."""
+DURABLE_CLOSE_TIMEOUT_S = 900.0
+"""Reply timeout of the ``close`` that waits for the durable point (``--fsync end``: the receiver
+writes back everything cached for the destination's filesystem first)."""
 LOOP_PAUSE_FIRST_S = 0.002
 LOOP_PAUSE_MAX_S = 0.02
 LOOP_PAUSE_GROWTH = 0.1
@@ -102,7 +105,7 @@ class TransferOptions:
     max_threads: int = 32
     log_path: Optional[str] = None
     max_duration_s: Optional[float] = None
-    fsync: str = "none"
+    fsync: str = "end"
     chunk_retries: int = 5
     timeout_s: float = 30.0
     stall_s: float = 120.0
@@ -408,6 +411,8 @@ class _Transfer:
         self.codes: List[int] = _scan_errors(manifest, self.summary)
         # what the handshake agreed (see _handshake)
         self.opened = False
+        self.transferred = False
+        """The control loop ended with every planned file complete or failed (not interrupted)."""
         """The receiver opened a session (closed again at shutdown)."""
         self.token = b""
         """The data connections' token."""
@@ -480,6 +485,7 @@ class _Transfer:
                 if not self.o.verify_only:
                     self._plan()
                     self._transfer(log_file)
+                    self.transferred = True
                 if self.o.verify or self.o.verify_only:
                     self._verify()
             except Interrupted as s:
@@ -512,14 +518,20 @@ class _Transfer:
         return self.summary
 
     def _shutdown(self) -> None:
-        """Stop the engine and close the session on the receiver (it then keeps the partial files)."""
+        """Stop the engine and close the session on the receiver (it then keeps the partial files).
+        With ``--fsync end`` the receiver answers at its durable point: a run that succeeded so
+        far fails if the data did not reach the disk."""
         if self.engine is not None:
             self.engine.close()
+        durable = self.o.fsync == "end" and self.transferred and not self.o.dry_run
         try:
             if self.opened:
-                self.ctl.call(protocol.Close(), timeout_s=CLOSE_TIMEOUT_S)
-        except AutomdtError:
-            pass
+                self.ctl.call(protocol.Close(), timeout_s=DURABLE_CLOSE_TIMEOUT_S if durable else CLOSE_TIMEOUT_S)
+        except AutomdtError as e:
+            if durable and interrupts.pending() is None:
+                message = e.message[len(RECEIVER_PREFIX):] if e.message.startswith(RECEIVER_PREFIX) else e.message
+                where = self.local_server.root if self.local_server is not None else f"{self.host}:{self.port}"
+                self.fail(e.code, f"{where}: {message}")
 
     def _probe(self) -> None:
         """Fail at once when nothing listens at the receiver's address (ZeroMQ would retry the

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import AbstractSet, Any, Callable, Dict, List, Optional, Tuple
 
-from automdt import errors, journal, protocol
+from automdt import durable, errors, journal, protocol
 from automdt.partial import PartialFile, missing_ranges, need_transfer
 from automdt.paths import SCRATCH_PREFIX, SafeRoot, UnsafePath, check_relpath, check_writable, where_beneath
 from automdt.transfer_engine import SESSION_CHUNK_SIZE_MAX, SESSION_CHUNK_SIZE_MIN
@@ -68,6 +68,38 @@ class Accounting:
     """Bytes the write stage wrote, taken when the engine closes."""
 
 
+class Deferred:
+    """A reply that takes long to make (the durable point's ``syncfs``): the server runs ``make``
+    in a thread and sends what it returns (or the :class:`SessionError` it raises) when done."""
+
+    def __init__(self, make: Callable[[], protocol.Message]) -> None:
+        self.make = make
+
+
+def _durable_point(dfd: int, marks: List[str], idle: List[str], sid: str, since_ns: int) -> protocol.Message:
+    """``syncfs`` the destination's filesystem, then remove the markers; a failure leaves a marker
+    that makes the next run re-check everything this one wrote (the write-back error is reported
+    once: a second ``syncfs`` would succeed over the lost data)."""
+    try:
+        t0 = time.monotonic()
+        try:
+            durable.syncfs(dfd)
+        except OSError as e:
+            try:
+                durable.write_marker(dfd, sid, since_ns, lost=True)
+            except OSError:
+                pass
+            raise SessionError(f"the data did not reach the disk (syncfs: {e.strerror}); run the same command "
+                               "again to send what was at risk", errors.FATAL) from None
+        this_boot = durable.boot_id()
+        settled = [name for name, boot, _ in durable.read_markers(dfd, idle) if boot and boot == this_boot]
+        durable.remove(dfd, marks + settled)
+        log.info("session %s on disk (syncfs %.2f s)", sid, time.monotonic() - t0)
+        return protocol.Closed()
+    finally:
+        os.close(dfd)
+
+
 class Session:
     """One sender's transfer into ``root``/``subdir``.
 
@@ -98,6 +130,16 @@ class Session:
         self.checksum = False
         self.dry_run = False
         self.scratch = False
+        # durability (automdt.durable)
+        self.marker: Optional[str] = None
+        """This session's marker in its destination directory, while what it wrote may not be on disk."""
+        self.stale_markers: List[str] = []
+        """Markers of an earlier boot found at open: removed at this session's durable point."""
+        self.marked_ns = 0
+        self.planned = False
+        """A manifest was planned: every file at risk in it was checked."""
+        self.at_risk_since: Optional[int] = None
+        """Files changed since this time (ns) may have lost data to a power cut: they are resent."""
         # files
         self.files: Dict[int, PartialFile] = {}
         """Planned files still to complete (active or not)."""
@@ -204,6 +246,8 @@ class Session:
         self.checksum = req.checksum
         self.dry_run = req.dry_run
         self._open_destination(where_beneath(srv.root, self.base))
+        if not self.dry_run and not self.scratch:
+            self._settle_markers()
         key = protocol.data_key(srv.secret, self.server_nonce, self.client_nonce) if encrypt else None
         wt = (int(req.write_throttle[0]), int(req.write_throttle[1]))
         self.engine = Receiver(srv.host, 0, self.token, chunk, memory, max_threads=srv.max_threads,
@@ -246,6 +290,50 @@ class Session:
         except OSError as e:
             raise SessionError(f"destination {where}: not writable: {e.strerror}",
                                errors.from_oserror(e, errors.DIR_NOT_FOUND)) from None
+
+    def _settle_markers(self) -> None:
+        """Settle the markers earlier sessions left here (:mod:`automdt.durable`): one of this
+        boot is made good with one ``syncfs``; one of an earlier boot makes every file changed
+        since its time count as not complete."""
+        dfd = self.dest.dir_fd(self.base)
+        live = {durable.MARKER_PREFIX + s.sid for s in self.server.sessions.values() if s is not self and s.files}
+        where = self._where(self.base)
+        try:
+            found = durable.read_markers(dfd, os.listdir(dfd), skip=live)
+            this_boot = durable.boot_id()
+            settled = [name for name, boot, _ in found if boot and boot == this_boot]
+            earlier = [(name, t) for name, boot, t in found if not boot or boot != this_boot]
+            if settled:
+                durable.syncfs(dfd)  # what they wrote is still in this boot's cache: on disk now
+                durable.remove(dfd, settled)
+        except OSError as e:
+            raise SessionError(f"destination {where}: cannot settle what an earlier run left unsynced: {e.strerror}",
+                               errors.from_oserror(e, errors.FATAL)) from None
+        self.stale_markers = [name for name, _ in earlier]
+        self.at_risk_since = min(t for _, t in earlier) if earlier else None
+        if self.at_risk_since is not None:
+            log.warning("session %s found that a run into %s lost power (or its machine crashed) before its data "
+                        "reached the disk: files changed since then are sent again", self.sid, where)
+
+    def _mark(self) -> None:
+        """Write this session's marker before its first file data (:mod:`automdt.durable`); again
+        if a session that settled the directory removed it since."""
+        if self.dry_run or self.scratch or self.root is None:
+            return
+        dfd = self.dest.dir_fd(self.base)
+        try:
+            if self.marker is not None:
+                try:
+                    os.stat(self.marker, dir_fd=dfd, follow_symlinks=False)
+                    return
+                except FileNotFoundError:
+                    pass
+            else:
+                self.marked_ns = time.time_ns()
+            self.marker = durable.write_marker(dfd, self.sid, self.marked_ns)
+        except OSError as e:
+            raise SessionError(f"destination {self._where(self.base)}: cannot record what is not on disk yet: "
+                               f"{e.strerror}", errors.from_oserror(e, errors.FATAL)) from None
 
     def _where(self, parts: Tuple[str, ...]) -> str:
         """The receiver's path of ``parts`` (beneath its root), for error messages."""
@@ -296,6 +384,7 @@ class Session:
             plan.append((fid, action))
         if not self.dry_run:
             self._check_space()
+        self.planned = True
         return protocol.Plan(plan)
 
     def _make_dirs(self, dirs: List[str]) -> None:
@@ -332,7 +421,8 @@ class Session:
         names = self._listing(parts, dfd)
         if names is not None:
             f.see_listing(names)
-        if not need_transfer(dfd, f, self.checksum, digest, names):
+        at_risk = self.at_risk_since is not None and durable.changed_since(dfd, f.parts[-1], self.at_risk_since)
+        if not at_risk and not need_transfer(dfd, f, self.checksum, digest, names):
             return "skip", 0
         if f.size == 0 and not self.dry_run:
             f.create_empty(dfd, fsync=self.fsync != "none")
@@ -394,6 +484,7 @@ class Session:
 
     # ----------------------------------------------------------------- partial files
     def _activate(self, req: protocol.Activate) -> protocol.Activated:
+        self._mark()
         out: List[Tuple[int, str, List[List[int]]]] = []
         for fid in req.ids:
             f = self.files.get(fid)
@@ -534,9 +625,32 @@ class Session:
                 os.close(fd)
         return protocol.Digests(out, unreadable)
 
-    def _close_msg(self, req: protocol.Close) -> protocol.Closed:
+    def _close_msg(self, req: protocol.Close) -> Any:
+        """Close; with ``--fsync end`` the reply waits for the durable point (:class:`Deferred`)."""
         self.pump()
+        if self.root is None or self.dry_run or self.scratch:
+            self.close()
+            return protocol.Closed()
+        dfd = os.dup(self.dest.dir_fd(self.base))
+        # the stale markers go once this session has planned its files (those at risk were resent)
+        stale = self.stale_markers if self.planned else []
+        own = [self.marker] if self.marker is not None else []
+        # after a syncfs the markers of this boot's sessions that no longer write are settled too
+        idle = [durable.MARKER_PREFIX + s.sid for s in self.server.sessions.values() if s is not self and not s.files]
+        mode = self.fsync
+        self.marker = None  # close() leaves it to this reply
         self.close()
+        if mode == "end" and own:
+            return Deferred(lambda: _durable_point(dfd, own + stale, idle, self.sid, self.marked_ns))
+        try:
+            # file, dir: every file was fsynced before its rename; none: this marker stays until a
+            # later session of this boot syncs (it now covers what the stale ones did); a session
+            # that wrote nothing has no marker
+            durable.remove(dfd, own + stale if mode in ("file", "dir") else stale)
+        except OSError:
+            pass
+        finally:
+            os.close(dfd)
         return protocol.Closed()
 
     # ------------------------------------------------------------------ engine

@@ -10,6 +10,7 @@ import os
 import sys
 import textwrap
 
+from automdt.agents.shield import Fallback
 from automdt.controller import MAX_POLICY_FAILURES, Controller
 from tests.automdt.test_controller import _rx, _stats
 
@@ -34,7 +35,7 @@ class Failing:
 
 def _run(pol, ticks, caplog):
     applied, log = [], io.StringIO()
-    c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, log_file=log)
+    c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, log_file=log, fallback=Fallback)
     c.start()
     c.tick(_stats(0.0, 0, 0, 0), _rx(0), now=10.0)
     recs = [c.tick(_stats(1.0 + i, (i + 1) << 20, 0, 0), _rx((i + 1) << 20), now=11.0 + i) for i in range(ticks)]
