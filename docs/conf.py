@@ -58,6 +58,6 @@ autodoc_inherit_docstrings = False  # gymnasium's own method docstrings refer to
 suppress_warnings: list[str] = []
 
 # automdt(1): the CLI reference page, as a man page (`make docs` -> docs/_build/man/automdt.1)
-man_pages = [("cli", "automdt", "modular data transfers with jointly tuned thread pools", [author], 1)]
+man_pages = [("man", "automdt", "modular data transfers with jointly tuned thread pools", [author], 1)]
 man_show_urls = False
 

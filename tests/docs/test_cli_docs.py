@@ -130,7 +130,7 @@ def test_the_reference_pages_are_generated_not_written():
     with open(os.path.join(ROOT, "docs", "exit-codes.md")) as f:
         assert "```{exit-codes}" in f.read()
     with open(os.path.join(ROOT, "docs", "conf.py")) as f:
-        assert '("cli", "automdt"' in f.read()  # the man page is the CLI reference page
+        assert '("man", "automdt"' in f.read()  # the man page: the parser plus its sections
 
 
 def test_exit_codes_command_prints_every_code():
@@ -195,3 +195,14 @@ def test_the_troubleshooting_page_has_a_section_for_every_failure_code():
         headings = " ".join(re.findall(r"^## (.*)$", f.read(), re.M))
     missing = [code for code in errors.EXIT_CODES if code != 0 and not re.search(rf"\b{code}\b", headings)]
     assert not missing, f"docs/troubleshooting.md has no section for exit codes {missing}"
+
+
+def test_the_man_page_has_its_sections_and_the_html_reference_does_not():
+    """Sections inside an `only` block leak into every builder; the man page is its own document."""
+    with open(os.path.join(ROOT, "docs", "man.md")) as f:
+        man = f.read()
+    for section in ("Examples", "Exit status", "Environment", "Files", "See also"):
+        assert f"\n## {section}\n" in man, section
+    with open(os.path.join(ROOT, "docs", "cli.md")) as f:
+        cli = f.read()
+    assert "{only}" not in cli and "## Exit status" not in cli
