@@ -9,8 +9,8 @@ durability contract states them per ``--fsync`` setting):
   the destination's filesystem before the sender reports success: exit 0 means on disk. With
   ``file`` and ``dir`` every file is fsynced before its rename (and its directory after).
 * **A mark while data is at risk.** Each session writes a marker ``.amdt-unsynced-<id>`` into its
-  destination directory when it opens (fsynced, with the machine's boot id and the time), and
-  removes it at its durable point. A later session that finds a marker of *this* boot knows no
+  destination directory before it writes its first file (fsynced, with the machine's boot id and
+  the time), and removes it at its durable point. A later session that finds a marker of *this* boot knows no
   power was lost since: it runs ``syncfs`` and removes it. A marker of an *earlier* boot means a
   crash may have lost data written after its time: every destination file changed since then
   (its ctime) is sent again instead of being trusted by size and mtime, and the stale markers go
