@@ -30,9 +30,6 @@ MARKER_PREFIX = ".amdt-unsynced-"
 CLOCK_SLACK_NS = 2_000_000_000
 """How much earlier than a marker's time a file's ctime may read and still count as changed after
 it (the wall clock and the filesystem's timestamps are not one clock)."""
-FSYNC_MODES = ("none", "end", "file", "dir")
-"""The ``--fsync`` settings: nothing, one ``syncfs`` at the end (default), each file, each file
-and its directory."""
 
 _libc: Optional[ctypes.CDLL] = None
 

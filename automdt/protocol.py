@@ -35,6 +35,8 @@ MAX_MESSAGE_BYTES = 16 << 20
 DEFAULT_CHUNK_SIZE = 4 << 20
 """The chunk size an ``open`` without one asks for."""
 FSYNC_MODES = ("none", "end", "file", "dir")
+"""The ``--fsync`` settings: nothing, one ``syncfs`` at the end (the default), each file, each file
+and its directory (:mod:`automdt.durable`)."""
 MAX_DIGEST_PATHS = 1000
 """Paths one ``digest`` request may ask for (the rest of a longer list is ignored)."""
 
