@@ -7,13 +7,16 @@
 * :class:`Continuing`: wraps a policy so that a transfer made of several rounds (the dataset is
   copied again when it runs out) keeps one policy state instead of restarting it every round.
 
-All follow :class:`automdt.agents.base.Policy` (``reset(max_threads, seed) -> triple``,
-``act(observation) -> triple``).
+All derive from :class:`automdt.policy_contract.PolicyBase` (``reset(max_threads, seed) ->
+triple``, ``act(observation) -> triple``, and the hooks the controller reads).
 """
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, List, Optional, Sequence, Tuple
+
+from automdt.policy_contract import Features, PolicyBase, PolicyWrapper
 
 Triple = Tuple[int, int, int]
 
@@ -23,7 +26,7 @@ def _triple(t: Sequence[int]) -> Triple:
     return (r, n, w)
 
 
-class GridPolicy:
+class GridPolicy(PolicyBase):
     """Each triple of ``triples`` for ``hold`` intervals, then the last one for good.
 
     :attr:`done` turns True once every triple had its ``hold`` intervals.
@@ -56,10 +59,12 @@ class GridPolicy:
         return self.triples[self._i]
 
 
-class PhasedStatic:
+class PhasedStatic(PolicyBase):
     """A fixed triple per phase: ``phases = [(start_s, triple), ...]`` from ``origin_wall`` (``time.time()``).
 
-    Before ``origin_wall`` is given (``None``) the clock starts at :meth:`reset`.
+    Before ``origin_wall`` is given (``None``) the clock starts at :meth:`reset`. It is asked in a
+    run's tail too: a change can come after the source is read to the end (a read limit lifted lets
+    the buffers take the rest at once), and the yardstick follows its phases to the end.
     """
 
     def __init__(self, phases: Sequence[Tuple[float, Sequence[int]]], origin_wall: Optional[float] = None,
@@ -86,23 +91,35 @@ class PhasedStatic:
     def act(self, obs: Any) -> Triple:
         return self._now()
 
+    def features(self) -> Features:
+        return Features(asked_in_tail=True)
 
-class Continuing:
-    """``inner`` reset once; later rounds' resets continue from the last triple it chose."""
+
+class Continuing(PolicyWrapper):
+    """``inner`` reset once; later rounds' resets continue from the last triple it chose.
+
+    Its start is its ``reset`` (no job history or own start moves it between rounds); the other
+    hooks (acting in the tail, annotations) are the inner policy's.
+    """
 
     def __init__(self, inner: Any):
+        super().__init__(inner)
         self.inner = inner
-        self.name = getattr(inner, "name", type(inner).__name__)
         self._last: Optional[Triple] = None
+
+    @property
+    def done(self) -> bool:
+        """The inner policy's ``done`` (a :class:`GridPolicy` that held every triple), else False."""
+        return bool(getattr(self.inner, "done", False))
 
     def reset(self, max_threads: int, seed: Optional[int] = None) -> Triple:
         if self._last is None:
-            self._last = _triple(self.inner.reset(max_threads, seed))
+            self._last = _triple(self.policy.reset(max_threads, seed))
         return self._last
 
     def act(self, obs: Any) -> Triple:
-        self._last = _triple(self.inner.act(obs))
+        self._last = _triple(self.policy.act(obs))
         return self._last
 
-    def __getattr__(self, item: str) -> Any:  # e.g. GridPolicy.done
-        return getattr(self.inner, item)
+    def features(self) -> Features:
+        return replace(self.policy.features(), start=None)

@@ -700,6 +700,11 @@ static void amdt_writer_body(amdt_worker *w)
             amdt_bit_set(f->done, idx);
             f->nwritten++;
             file_done = f->nwritten == f->nchunks;
+            /* Counted before the in-flight count drops: once remove_file() returns, the
+             * statistics hold every chunk of the file they will ever count. */
+            __atomic_fetch_add(&r->chunks_written, 1, __ATOMIC_RELAXED);
+            if (!paced)
+                amdt_stage_add_bytes(&r->write, len);
         }
         f->inflight--;
         if (f->removed && f->inflight == 0)
@@ -710,12 +715,8 @@ static void amdt_writer_body(amdt_worker *w)
         if (err != 0) {
             amdt_event_push(&r->events, AMDT_EV_WRITE_ERROR, id, off, len, err, "%s: %s", what,
                             amdt_strerror(err, ebuf, sizeof(ebuf)));
-        } else {
-            __atomic_fetch_add(&r->chunks_written, 1, __ATOMIC_RELAXED);
-            if (!paced)
-                amdt_stage_add_bytes(&r->write, len);
-            if (file_done)
-                amdt_event_push(&r->events, AMDT_EV_FILE_DONE, id, 0, 0, 0, NULL);
+        } else if (file_done) {
+            amdt_event_push(&r->events, AMDT_EV_FILE_DONE, id, 0, 0, 0, NULL);
         }
     next:
         amdt_pool_put(&r->pool, slot);
