@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml setup.py requirements.lock $(wildcard transfer_engine/s
 	  if [ "$$(id -u)" = 0 ]; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSPKG)) ; \
 	  else echo "automdt: please install $(SYSPKG) (xxHash and OpenSSL headers) as root" >&2; exit 1; fi ; fi
+	@# libfuse 3 for the power-loss harness (tests/faults/crashdisk.py; without it those tests skip)
+	@if [ "$$(id -u)" = 0 ] && ! ldconfig -p 2>/dev/null | grep -q 'libfuse3\.so\.3'; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfuse3-3) \
+	  || echo "automdt: no libfuse 3: the power-loss tests will be skipped" >&2 ; fi
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.lock
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .

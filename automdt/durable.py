@@ -8,9 +8,12 @@ durability contract states them per ``--fsync`` setting):
 * **A durable point.** With ``--fsync end`` (the default) the session's close runs ``syncfs`` on
   the destination's filesystem before the sender reports success: exit 0 means on disk. With
   ``file`` and ``dir`` every file is fsynced before its rename (and its directory after).
-* **A mark while data is at risk.** Each session writes a marker ``.amdt-unsynced-<id>`` into its
-  destination directory before it writes its first file (fsynced, with the machine's boot id and
-  the time), and removes it at its durable point. A later session that finds a marker of *this* boot knows no
+* **A mark while data is at risk.** Each session with ``--fsync end`` or ``none`` writes a marker
+  ``.amdt-unsynced-<id>`` into its destination directory before it writes its first file
+  (fsynced, with the machine's boot id and the time), and removes it at its durable point (the
+  removal fsynced too). With ``file`` and ``dir`` nothing is at risk that a rerun could trust: a
+  file is on disk before its name is, and a partial's chunks are re-hashed before a resume keeps
+  them; such a session writes no marker. A later session that finds a marker of *this* boot knows no
   power was lost since: it runs ``syncfs`` and removes it. A marker of an *earlier* boot means a
   crash may have lost data written after its time: every destination file changed since then
   (its ctime) is sent again instead of being trusted by size and mtime, and the stale markers go
@@ -98,13 +101,18 @@ def read_markers(dfd: int, names: Iterable[str], skip: Iterable[str] = ()) -> Li
 
 
 def remove(dfd: int, names: Iterable[str]) -> None:
-    """Remove markers (one already gone is fine). Not made durable: a removal a crash undoes only
-    makes the next run check again."""
+    """Remove markers (one already gone is fine) and make the removal durable (the directory is
+    fsynced): a removal that a power cut right after the run undid would make the next run resend
+    every file the marker covers, though each is on disk."""
+    removed = False
     for name in names:
         try:
             os.unlink(name, dir_fd=dfd)
+            removed = True
         except FileNotFoundError:
             pass
+    if removed:
+        os.fsync(dfd)
 
 
 def changed_since(dfd: int, name: str, since_ns: int) -> bool:

@@ -318,8 +318,8 @@ class Session:
     def _mark(self) -> None:
         """Write this session's marker before its first file data (:mod:`automdt.durable`); again
         if a session that settled the directory removed it since."""
-        if self.dry_run or self.scratch or self.root is None:
-            return
+        if self.dry_run or self.scratch or self.root is None or self.fsync in ("file", "dir"):
+            return  # file, dir: each file is on disk before its rename, so none is at risk
         dfd = self.dest.dir_fd(self.base)
         try:
             if self.marker is not None:
@@ -643,10 +643,10 @@ class Session:
         if mode == "end" and own:
             return Deferred(lambda: _durable_point(dfd, own + stale, idle, self.sid, self.marked_ns))
         try:
-            # file, dir: every file was fsynced before its rename; none: this marker stays until a
-            # later session of this boot syncs (it now covers what the stale ones did); a session
-            # that wrote nothing has no marker
-            durable.remove(dfd, own + stale if mode in ("file", "dir") else stale)
+            # file, dir: no marker of its own (every file was fsynced before its rename); none:
+            # this marker stays until a later session of this boot syncs (it now covers what the
+            # stale ones did); a session that wrote nothing has no marker
+            durable.remove(dfd, stale)
         except OSError:
             pass
         finally:
