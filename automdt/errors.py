@@ -25,7 +25,7 @@ NETWORK = 5
 FILES_FAILED = 6
 """Some files failed with a non-retryable error (permissions, refused names)."""
 FATAL = 7
-"""Fatal: destination full or over quota, authentication rejected, ``--encrypt`` differs between the ends,
+"""Fatal: destination full, over quota or gone read-only, authentication rejected, ``--encrypt`` differs between the ends,
 or the data did not reach the disk (the durable point's write-back failed)."""
 MAX_DURATION = 10
 """``--max-duration`` reached; the next run resumes."""
@@ -73,25 +73,33 @@ def worst(codes) -> int:
 
 
 DESTINATION_FULL_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT})
-"""A destination out of space or over quota: no other file can succeed either (exit 7)."""
+"""A destination out of space or over quota."""
+DESTINATION_FATAL_ERRNOS = DESTINATION_FULL_ERRNOS | {_errno.EROFS}
+"""A destination that fails a write during the transfer and where no other file can succeed
+either (exit 7): full, over quota, or gone read-only (a filesystem does so after a disk error)."""
 SOURCE_GONE_ERRNOS = frozenset({0, _errno.ENOENT, _errno.ESTALE})
 """A source file vanished or changed while read (0: the engine saw the change, no call failed)."""
 
 
-def from_oserror(err: Union[OSError, int], default: int = FILES_FAILED, *, source: bool = False) -> int:
+def from_oserror(err: Union[OSError, int], default: int = FILES_FAILED, *, source: bool = False,
+                 writing: bool = False) -> int:
     """The exit code of a failed system call, classified once for both ends (rclone's ``fserrors``).
 
     :param err: the ``OSError``, or its ``errno`` as the engine reports it in an event.
     :param default: the code of any other failure (a file that failed on its own: 6; the
         receiver's catch-all for a request: 1).
     :param source: the call read a source file: one that vanished or changed is 12.
+    :param writing: the call wrote a destination file during the transfer: a filesystem that
+        went read-only (``EROFS``) fails every file after it, so it is 7 too (a destination that is
+        read-only when the run opens it is "not writable", the caller's ``default``).
     :return: with ``source``, 12 for a source that vanished or changed; otherwise 7 for a full
-        destination (``ENOSPC``, ``EDQUOT``); else ``default``.
+        destination (``ENOSPC``, ``EDQUOT``) or, ``writing``, one gone read-only; else ``default``.
     """
     n = err if isinstance(err, int) else err.errno
     if source:  # reading a source never fills a disk
         return SOURCE_CHANGED if n in SOURCE_GONE_ERRNOS else default
-    return FATAL if n in DESTINATION_FULL_ERRNOS else default
+    fatal = DESTINATION_FATAL_ERRNOS if writing else DESTINATION_FULL_ERRNOS
+    return FATAL if n in fatal else default
 
 
 class Interrupted(KeyboardInterrupt):

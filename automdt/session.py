@@ -68,6 +68,16 @@ class Accounting:
     """Bytes the write stage wrote, taken when the engine closes."""
 
 
+class FinalizeError(Exception):
+    """Sealing, fsyncing or renaming a complete file failed: ``step`` says which, ``error`` is the
+    :class:`OSError`."""
+
+    def __init__(self, step: str, error: OSError) -> None:
+        super().__init__(f"{step}: {error.strerror}")
+        self.step = step
+        self.error = error
+
+
 class Deferred:
     """A reply that takes long to make (the durable point's ``syncfs``): the server runs ``make``
     in a thread and sends what it returns (or the :class:`SessionError` it raises) when done."""
@@ -430,6 +440,11 @@ class Session:
             return "done", 0
         if self.dry_run or (names is not None and not f.partial):
             return "send", 0
+        if self.at_risk_since is not None and durable.changed_since(dfd, f.temp_names()[0], self.at_risk_since):
+            # written after the last durable point: its journal may vouch for chunks the disk
+            # lost (or, after a failed write-back, for pages the cache still holds): sent whole
+            f.partial = False  # open() creates afresh, unlinking what has the names
+            return "send", 0
         return "send", f.partial_bytes(dfd)
 
     def _listing(self, parts: Tuple[str, ...], dfd: int) -> Optional[AbstractSet[str]]:
@@ -495,7 +510,7 @@ class Session:
             try:
                 ranges = self._open_partial(f)
             except (UnsafePath, OSError) as ex:
-                code = errors.from_oserror(ex) if isinstance(ex, OSError) else errors.FILES_FAILED
+                code = errors.from_oserror(ex, writing=True) if isinstance(ex, OSError) else errors.FILES_FAILED
                 why = f"cannot write it in {self._where(f.parts[:-1])}: {ex.strerror}" if isinstance(ex, OSError) else ex
                 self._file_error([f.id, code, f"{f.path}: {why}"])
                 self._release(f)
@@ -526,11 +541,18 @@ class Session:
         return missing_ranges(done, nchunks, cs, f.size)
 
     def _finalize(self, f: PartialFile) -> None:
-        """All chunks written and verified: set metadata, (fsync,) rename into place."""
-        dfd = self.dest.dir_fd(f.parts[:-1])
-        f.seal(fsync=self.fsync in ("file", "dir"))
-        self._release(f)
-        f.rename_into_place(dfd, fsync_dir=self.fsync == "dir")
+        """All chunks written and verified: set metadata, (fsync,) rename into place. A failure
+        raises :class:`FinalizeError` naming the step."""
+        fsync = self.fsync in ("file", "dir")
+        step = "fsync" if fsync else "seal"
+        try:
+            dfd = self.dest.dir_fd(f.parts[:-1])
+            f.seal(fsync=fsync)
+            self._release(f)
+            step = "rename"
+            f.rename_into_place(dfd, fsync_dir=self.fsync == "dir")
+        except OSError as ex:
+            raise FinalizeError(step, ex) from ex
         del self.files[f.id]
         self.done.append(f.id)
         self.accounting.files_completed += 1
@@ -666,16 +688,21 @@ class Session:
                     continue
                 try:
                     self._finalize(f)
-                except OSError as ex:
-                    self._file_error([f.id, errors.from_oserror(ex), f"{f.path}: rename: {ex.strerror}"])
+                except FinalizeError as ex:
+                    code = errors.from_oserror(ex.error, writing=True)
+                    self._file_error([f.id, code, f"{f.path}: {ex.step}: {ex.error.strerror}"])
                     self._release(f)
                     self.files.pop(f.id, None)
+                    if ex.step == "fsync":
+                        # Linux marks the pages clean after a failed write-back: a rerun would
+                        # re-hash the page cache, not the disk, and trust the partial. It goes.
+                        self._discard_partial(f)
             elif kind == "chunk_bad":
                 self.bad.append([ev[1], ev[2], ev[3]])
             elif kind == "write_error":
                 f = self.files.get(ev[1])
                 name = f.path if f else f"file #{ev[1]}"
-                code = errors.from_oserror(ev[2])
+                code = errors.from_oserror(ev[2], writing=True)
                 msg = f"{name}: {ev[3] if len(ev) > 3 else os.strerror(ev[2])}"
                 if code == errors.FATAL and self.fatal is None:
                     self.fatal = (code, msg)

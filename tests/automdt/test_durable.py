@@ -153,3 +153,75 @@ def test_a_failed_write_back_is_not_success_and_the_rerun_resends_what_it_wrote(
     again = run_transfer(str(src), str(dest), TransferOptions(threads=(2, 2, 2)))
     assert again.exit_code == 0 and again.files_skipped == 0 and again.files_transferred == 4
     assert _markers(dest) == []
+
+
+def _kill_with_a_partial(src, dest, tmp_path, opts):
+    """A transfer killed (SIGKILL) once a partial holds 3 MiB (journaled chunks to resume)."""
+    proc = subprocess.Popen([sys.executable, "-m", "automdt", "transfer", str(src), str(dest), "--no-history", "-q",
+                             *opts, "--throttle", "write.thread=4M"], env=_env(tmp_path),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            parts = [n for n in os.listdir(dest) if n.endswith(".part")] if dest.exists() else []
+            if any(os.stat(dest / n).st_blocks * 512 >= 3 << 20 for n in parts):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the transfer ended before it could be killed"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert [n for n in os.listdir(dest) if n.endswith(".journal")], "the killed run left no journal"
+
+
+def test_a_partial_written_after_the_last_durable_point_is_sent_whole(tmp_path):
+    """Its journal may vouch for chunks the disk lost (after a failed write-back the page cache
+    still holds them, and a re-hash would read the cache): after a power cut the rerun reuses
+    none of it; after a crash of the process alone it resumes."""
+    src, dest = _tree(tmp_path / "src", n=2, size=8 * MB), tmp_path / "dest"
+    opts = ("--chunk-size", str(1 << 20), "--threads", "1,1,1")
+    _kill_with_a_partial(src, dest, tmp_path, opts)
+    code, summary, err = _transfer(src, dest, tmp_path, *opts)  # the same boot: resumed
+    assert code == 0 and summary["bytes_reused"] > 0, summary
+    for name in os.listdir(dest):
+        (dest / name).unlink()
+    _kill_with_a_partial(src, dest, tmp_path, opts)
+    for name in _markers(dest):  # now the power went instead
+        info = json.loads((dest / name).read_text())
+        (dest / name).write_text(json.dumps(dict(info, boot_id="an-earlier-boot")))
+    code, summary, err = _transfer(src, dest, tmp_path, *opts)
+    assert code == 0, err
+    assert summary["bytes_reused"] == 0 and summary["files_transferred"] == 2, summary
+    for name in os.listdir(src):
+        assert (dest / name).read_bytes() == (src / name).read_bytes(), name
+
+
+def test_a_failed_fsync_is_not_retried_as_if_it_worked(tmp_path, monkeypatch):
+    """--fsync file and EIO from the fsync before a rename (injected): that file is reported failed
+    with the step named, never renamed, and its partial goes (Linux marks the pages clean after a
+    failed write-back, so a resume would trust the cache); the next run sends it whole."""
+    import errno
+
+    from automdt import partial
+    from automdt.sender import TransferOptions, run_transfer
+
+    src, dest = _tree(tmp_path / "src", n=4), tmp_path / "dest"
+    real_fsync, failed = os.fsync, []
+
+    def flaky(fd):
+        if not failed and os.fstat(fd).st_size == 2 * MB:  # the first file's data
+            failed.append(fd)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(partial.os, "fsync", flaky)
+    summary = run_transfer(str(src), str(dest), TransferOptions(threads=(1, 1, 1), fsync="file"))
+    monkeypatch.undo()
+    assert failed and summary.exit_code == 6, summary.errors
+    assert any(": fsync: Input/output error" in e for e in summary.errors), summary.errors
+    assert len(_completed(dest)) == 3
+    assert not [n for n in os.listdir(dest) if n.startswith(".amdt-") and not n.startswith(durable.MARKER_PREFIX)]
+    again = run_transfer(str(src), str(dest), TransferOptions(threads=(1, 1, 1), fsync="file"))
+    assert again.exit_code == 0 and again.files_transferred == 1 and again.bytes_reused == 0
+    for name in os.listdir(src):
+        assert (dest / name).read_bytes() == (src / name).read_bytes(), name

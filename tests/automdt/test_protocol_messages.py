@@ -136,5 +136,11 @@ def test_from_oserror(err, default, source, want):
     assert errors.from_oserror(OSError(err, "x"), default, source=source) == want
 
 
+def test_a_destination_gone_read_only_mid_transfer_is_fatal_but_not_at_open():
+    assert errors.from_oserror(errno.EROFS, errors.FILES_FAILED, writing=True) == errors.FATAL
+    assert errors.from_oserror(errno.EROFS, errors.DIR_NOT_FOUND) == errors.DIR_NOT_FOUND
+    assert errors.from_oserror(errno.EIO, errors.FILES_FAILED, writing=True) == errors.FILES_FAILED
+
+
 def test_from_oserror_without_errno():
     assert errors.from_oserror(OSError("no errno"), source=True) == errors.FILES_FAILED

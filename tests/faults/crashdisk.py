@@ -9,7 +9,8 @@ disk sees, and keeps what a disk with a volatile write cache keeps:
 * the *durable* image: every write before the last flush;
 * the *pending* writes since then, in order.
 
-Cutting the power (:meth:`CrashDisk.cut`) makes a crash image from the durable image and some of
+A failing medium (:meth:`CrashDisk.fail`) answers every write and flush with EIO until
+:meth:`CrashDisk.heal`. Cutting the power (:meth:`CrashDisk.cut`) makes a crash image from the durable image and some of
 the pending writes, then drops every later write (the machine is off; the kernel may still try to
 write back). The device models what survives of the pending writes:
 
@@ -84,7 +85,8 @@ def _fs_class() -> Any:
 
         Runs single-threaded, so a command on the control file is atomic with respect to the
         disk's writes. Commands (one line written to ``/ctl``): ``cut MODEL SEED``, ``boot``,
-        ``save NAME``, ``restore NAME``, ``flush``; reading ``/ctl`` gives the counters as JSON.
+        ``save NAME``, ``restore NAME``, ``flush``, ``fail`` (every later write and flush answers
+        EIO, as a failing medium does), ``heal``; reading ``/ctl`` gives the counters as JSON.
         """
 
         use_ns = True
@@ -95,8 +97,9 @@ def _fs_class() -> Any:
             self.durable = bytearray(size)  # what survives any cut
             self.pending: List[Tuple[int, bytes]] = []
             self.crash: Optional[bytearray] = None  # the image a cut left; None while powered
+            self.failing = False  # the medium fails: every write and flush answers EIO
             self.saved: Dict[str, bytes] = {}
-            self.stats: Dict[str, Any] = {"writes": 0, "flushes": 0, "dropped": 0, "cuts": []}
+            self.stats: Dict[str, Any] = {"writes": 0, "flushes": 0, "dropped": 0, "failed": 0, "cuts": []}
             self.t0 = time.time()
 
         # --- the files
@@ -139,6 +142,9 @@ def _fs_class() -> Any:
             if self.crash is not None:  # the power is off: the write never happens
                 self.stats["dropped"] += 1
                 return len(data)
+            if self.failing:
+                self.stats["failed"] += 1
+                raise mfusepy.FuseOSError(errno.EIO)
             self.current[offset:offset + len(data)] = data
             self.pending.append((offset, bytes(data)))
             self.stats["writes"] += 1
@@ -146,6 +152,9 @@ def _fs_class() -> Any:
 
         def fsync(self, path: str, datasync: int, fh: Any) -> int:
             if path == "/" + IMAGE and self.crash is None:
+                if self.failing:
+                    self.stats["failed"] += 1
+                    raise mfusepy.FuseOSError(errno.EIO)
                 self._flush()
             return 0
 
@@ -185,6 +194,10 @@ def _fs_class() -> Any:
                 self.crash = img
                 self.stats["cuts"].append({"model": model, "seed": seed, "pending": len(self.pending),
                                            "kept": len(keep), "flushes": self.stats["flushes"]})
+            elif cmd == "fail":
+                self.failing = True
+            elif cmd == "heal":
+                self.failing = False
             elif cmd == "boot":
                 img = self.crash if self.crash is not None else self.current
                 self.current, self.durable, self.pending, self.crash = bytearray(img), bytearray(img), [], None
@@ -216,6 +229,16 @@ def _write(path: str, value: str) -> None:
         f.write(value)
 
 
+def _retry(cmd: List[str], tries: int = 50, pause: float = 0.1) -> bool:
+    """Run ``cmd`` until it succeeds (a device or mount still busy for a moment), at most ``tries``
+    times; whether it did."""
+    for _ in range(tries):
+        if subprocess.run(cmd, capture_output=True, timeout=30).returncode == 0:
+            return True
+        time.sleep(pause)
+    return False
+
+
 def _run(*cmd: str, timeout: float = 60) -> str:
     p = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
@@ -244,13 +267,16 @@ class CrashDisk:
         self.loop: Optional[str] = None
         self.mounted = False
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        self.proc: Optional[subprocess.Popen] = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.crashdisk", self.fuse_dir, str(self.size)], cwd=root,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.log = os.path.join(workdir, "crashdisk.log")  # a file, not a pipe: a full pipe would stop the disk
+        with open(self.log, "wb") as log:
+            self.proc: Optional[subprocess.Popen] = subprocess.Popen(
+                [sys.executable, "-m", "tests.faults.crashdisk", self.fuse_dir, str(self.size)], cwd=root,
+                stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + 30
         while not os.path.exists(os.path.join(self.fuse_dir, IMAGE)):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                with open(self.log) as f:
+                    err = f.read()
                 self.close()
                 raise RuntimeError(f"the crash disk's FUSE daemon did not start: {err.strip()[-500:]}")
             time.sleep(0.02)
@@ -324,6 +350,15 @@ class CrashDisk:
         self.control(f"cut {model} {int(seed)}")
         return self.stats()["cuts"][-1]
 
+    def fail(self) -> None:
+        """From now on the medium fails: every write and cache flush answers EIO (ext4 then
+        reports write-back errors and, when its journal cannot be written, goes read-only)."""
+        self.control("fail")
+
+    def heal(self) -> None:
+        """The medium works again (what failed was never written)."""
+        self.control("heal")
+
     def reboot(self) -> str:
         """After :meth:`cut` (and after every process using the disk has ended): unmount what the
         dead machine had, make the crash image the disk and mount it again; returns the mount point."""
@@ -332,24 +367,27 @@ class CrashDisk:
         return self.mount()
 
     def close(self) -> None:
+        """Unmount, detach and stop the daemon; what is still busy is retried for a while, then
+        detached lazily, so no mount or device outlives the harness."""
         try:
             if self.mounted:
-                subprocess.run(["umount", "-l", self.mnt], capture_output=True, timeout=30)
+                if not _retry(["umount", self.mnt]):
+                    subprocess.run(["umount", "-l", self.mnt], capture_output=True, timeout=30)
                 self.mounted = False
             if self.loop is not None:
                 self._bdi(None, 0)
-                subprocess.run(["losetup", "-d", self.loop], capture_output=True, timeout=30)
+                _retry(["losetup", "-d", self.loop])
                 self.loop = None
         finally:
             if self.proc is not None:
-                subprocess.run(["umount", self.fuse_dir], capture_output=True, timeout=30)
+                # the loop device lets go of the image a moment after it is detached
+                if not _retry(["umount", self.fuse_dir]):
+                    subprocess.run(["umount", "-l", self.fuse_dir], capture_output=True, timeout=30)
                 try:
                     self.proc.wait(10)
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait(10)
-                if self.proc.stderr:
-                    self.proc.stderr.close()
                 self.proc = None
 
     def __enter__(self) -> "CrashDisk":

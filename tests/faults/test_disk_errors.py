@@ -1,0 +1,49 @@
+"""A destination disk that fails during a transfer (tests.faults.crashdisk): every write and cache
+flush answers EIO, ext4 cannot write its journal and goes read-only. The run stops with exit 7
+naming what failed, never reports success, and once the disk works again (after a reboot) the
+same command completes the destination."""
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.faults.crashdisk import CrashDisk, available, new_boot_prefix
+from tests.faults.powerloss import _command, _env, make_source, tree_digests
+
+pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+
+
+@pytest.mark.parametrize("fsync,fail_at", [("end", 1.0), ("file", 1.5)])
+def test_a_disk_that_fails_mid_transfer_stops_the_run_and_the_rerun_repairs(tmp_path, fsync, fail_at):
+    src = str(tmp_path / "src")
+    digests = make_source(src)
+    state = str(tmp_path / "state")
+    with CrashDisk(str(tmp_path / "disk"), fs_mode="ordered") as disk:
+        dest = os.path.join(disk.mount(), "dest")
+        cmd = _command(src, dest, fsync, "4M")
+        proc = subprocess.Popen(cmd, env=_env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(fail_at)
+            assert proc.poll() is None, "the transfer ended before the disk failed"
+            disk.fail()
+            out, err = proc.communicate(timeout=90)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        summary = json.loads(out)
+        assert proc.returncode == 7 and summary["exit_code"] == 7, err
+        assert "Read-only file system" in err or "Input/output error" in err, err
+        assert summary["files_transferred"] < len(digests)
+        assert "Traceback" not in err
+        assert disk.stats()["failed"] > 0
+        # the machine is repaired and restarted: what never reached the disk is gone
+        disk.heal()
+        disk.cut("flushed", 0)
+        disk.reboot()
+        rerun = subprocess.run(new_boot_prefix(state) + cmd, env=_env(state), capture_output=True, text=True,
+                               timeout=180)
+        assert rerun.returncode == 0, rerun.stderr
+        assert tree_digests(dest) == digests
