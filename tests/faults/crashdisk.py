@@ -51,9 +51,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 IMAGE = "disk.img"
 CONTROL = "ctl"
 MODELS = ("flushed", "prefix", "reorder")
-FS_MODES = {"ordered": "data=ordered,commit=1", "writeback": "data=writeback,nodelalloc,commit=1"}
-"""ext4 mount options per filesystem model (a journal commit every second, so a transfer of a few
-seconds spans several)."""
+FS_MODES = {"ordered": "data=ordered,commit=1", "writeback": "data=writeback,nodelalloc,commit=1",
+            "still": "data=ordered,commit=300"}
+"""ext4 mount options per filesystem model: a journal commit every second, so a transfer of a few
+seconds spans several; ``still`` commits only when asked (an fsync), for checks of the disk itself."""
 DIRTY_LIMIT = 1 << 20
 """Bytes of dirty page cache the crash disk's device may hold before the kernel writes back."""
 
@@ -64,7 +65,7 @@ def available() -> Optional[str]:
         return "needs root (loop devices, mounts)"
     if not os.path.exists("/dev/fuse"):
         return "no /dev/fuse"
-    for tool in ("losetup", "mkfs.ext4", "mount", "umount", "unshare"):
+    for tool in ("losetup", "blockdev", "mkfs.ext4", "mount", "umount", "unshare"):
         if shutil.which(tool) is None:
             return f"no {tool}"
     try:
@@ -280,9 +281,11 @@ class CrashDisk:
                 self.close()
                 raise RuntimeError(f"the crash disk's FUSE daemon did not start: {err.strip()[-500:]}")
             time.sleep(0.02)
+        # one loop device for the disk's whole life: detaching and attaching at every mount would
+        # hand its number to another harness in between
         self._attach()
         _run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.loop or "")
-        self._detach()
+        _run("blockdev", "--flushbufs", self.loop or "")
         self.control("save formatted")
 
     # --- control
@@ -298,12 +301,6 @@ class CrashDisk:
     def _attach(self) -> None:
         self.loop = _run("losetup", "--find", "--show", os.path.join(self.fuse_dir, IMAGE)).strip()
         self._bdi(DIRTY_LIMIT, 1)
-
-    def _detach(self) -> None:
-        if self.loop is not None:
-            self._bdi(None, 0)
-            _run("losetup", "-d", self.loop)
-            self.loop = None
 
     def _bdi(self, max_bytes: Optional[int], strict: int) -> None:
         """Bound the dirty page cache of this device only (its backing-device-info), so the kernel
@@ -323,18 +320,31 @@ class CrashDisk:
             pass  # an older kernel: the write-back comes later, the harness still works
 
     def mount(self) -> str:
-        """Attach and mount the disk as it is now (after a :meth:`reboot`: ext4 recovers); returns
-        the mount point."""
-        self._attach()
+        """Mount the disk as it is now (after a :meth:`reboot`: ext4 recovers); returns the mount
+        point."""
         _run("mount", "-t", "ext4", "-o", FS_MODES[self.fs_mode], self.loop or "", self.mnt)
         self.mounted = True
         return self.mnt
 
     def unmount(self) -> None:
+        """Unmount, and drop the block device's cache: the next mount reads the disk, not what
+        the dead machine had cached."""
         if self.mounted:
             _run("umount", self.mnt)
             self.mounted = False
-        self._detach()
+        self._wait_released()
+        _run("blockdev", "--flushbufs", self.loop or "")
+
+    def _wait_released(self, timeout: float = 30.0) -> None:
+        """Wait until no mount of the filesystem is left anywhere: a process run in its own mount
+        namespace (:func:`new_boot_prefix`) holds a copy of the mount, released a moment after it
+        exits, and a mount made before that would get the old filesystem back, caches and all."""
+        alive = os.path.join("/sys/fs/ext4", os.path.basename(self.loop or ""))
+        deadline = time.monotonic() + timeout
+        while os.path.exists(alive):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.loop}: the filesystem is still mounted somewhere after {timeout:.0f} s")
+            time.sleep(0.02)
 
     def fresh(self) -> str:
         """Unmount, go back to the freshly formatted disk and mount it."""

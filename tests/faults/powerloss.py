@@ -32,7 +32,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
-from tests.faults.crashdisk import FS_MODES, MODELS, CrashDisk, available, new_boot_prefix
+from tests.faults.crashdisk import MODELS, CrashDisk, available, new_boot_prefix
 
 KiB = 1024
 
@@ -153,7 +153,7 @@ def plan(points: int, seed: int = 0, duration_s: float = 3.0) -> List[Dict[str, 
     for i in range(points):
         cut_at = None if i % 8 == 7 else round(rng.uniform(0.2, duration_s), 3)
         out.append({"cut_at": cut_at, "model": MODELS[i % len(MODELS)], "fsync": fsyncs[(i // 3) % len(fsyncs)],
-                    "fs_mode": sorted(FS_MODES)[(i // 12) % len(FS_MODES)], "seed": rng.randrange(1 << 30)})
+                    "fs_mode": ("ordered", "writeback")[(i // 12) % 2], "seed": rng.randrange(1 << 30)})
     return out
 
 
@@ -162,7 +162,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--points", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="powerloss.json")
+    ap.add_argument("--only", default="", help="run only these points of the plan (0-based, comma-separated)")
     a = ap.parse_args(argv)
+    only = {int(x) for x in a.only.split(",") if x.strip()}
     why = available()
     if why:
         print(f"powerloss: cannot run here: {why}", file=sys.stderr)
@@ -174,12 +176,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         src = os.path.join(work, "src")
         digests = make_source(src, a.seed)
         disks: Dict[str, CrashDisk] = {}
-        for p in plan(a.points, a.seed):
+        for i, p in enumerate(plan(a.points, a.seed)):
+            if only and i not in only:
+                continue
             disk = disks.get(p["fs_mode"])
             if disk is None:
                 disk = disks[p["fs_mode"]] = CrashDisk(os.path.join(work, p["fs_mode"]), fs_mode=p["fs_mode"])
             rec = run_point(disk, src, digests, cut_at=p["cut_at"], model=p["model"], seed=p["seed"],
                             fsync=p["fsync"], state=os.path.join(work, "state"))
+            rec["point"] = i
             records.append(rec)
             print(json.dumps(rec), flush=True)
         for d in disks.values():

@@ -50,7 +50,7 @@ def _fsync(path):
 def test_the_disk_keeps_what_was_flushed_and_loses_the_rest(work):
     """The harness itself: a file fsynced (with its directory) survives the cut whole; one written
     after the last flush does not, though the dying machine could still read it."""
-    with CrashDisk(str(work / "self"), size=32 << 20, fs_mode="ordered") as d:
+    with CrashDisk(str(work / "self"), size=32 << 20, fs_mode="still") as d:
         mnt = d.mount()
         kept, lost = os.path.join(mnt, "kept"), os.path.join(mnt, "lost")
         data = os.urandom(3 << 20)
