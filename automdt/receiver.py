@@ -29,6 +29,11 @@ from automdt.partial import PartialFile
 from automdt.protocol import is_loopback
 from automdt.session import HANDSHAKE_STATES, Deferred, Session, SessionError
 
+MEMORY_BUDGET = 4 << 30
+"""Staging memory of all sessions of one receiver together (``--memory-budget``), bytes."""
+THREAD_BUDGET = 256
+"""Write threads of all sessions of one receiver together (``--thread-budget``)."""
+
 __all__ = ["ReceiverServer", "Session", "SessionError", "is_loopback"]
 
 log = logging.getLogger(__name__)
@@ -85,12 +90,17 @@ class ReceiverServer:
     :param max_threads: clamp for every write-thread count a sender or policy asks for.
     :param max_memory: clamp for each session's receiver staging buffer, bytes.
     :param idle_timeout_s: a session silent this long is closed (its partial files stay).
+    :param memory_budget: staging memory of all sessions together, bytes: each open session may
+        hold an equal share (:meth:`shares`), re-divided whenever one opens or closes.
+    :param thread_budget: write threads of all sessions together, divided the same way (each
+        session keeps at least one).
     """
 
     def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
                  max_threads: int = 64, max_memory: int = 1 << 30, idle_timeout_s: float = 60.0,
                  max_files: int = 10_000_000, max_sessions: int = 16, encrypt: bool = False,
-                 metrics: Any = None, embedded: bool = False):
+                 metrics: Any = None, embedded: bool = False, memory_budget: int = MEMORY_BUDGET,
+                 thread_budget: int = THREAD_BUDGET):
         check_root(root, writable=False)
         if secret is None and not is_loopback(host):
             raise errors.AutomdtError(
@@ -108,6 +118,10 @@ class ReceiverServer:
         self.idle_timeout_s = idle_timeout_s
         self.max_files = max_files
         self.max_sessions = max_sessions
+        self.memory_budget = memory_budget
+        self.thread_budget = thread_budget
+        self._shared_by = 0
+        """Open sessions when the budget was last divided."""
         import resource
 
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -177,6 +191,23 @@ class ReceiverServer:
 
     def clamp_threads(self, n: int) -> int:
         return max(1, min(int(n), self.max_threads))
+
+    def shares(self, joining: int = 0) -> Tuple[int, int]:
+        """Each open session's share of the budget: ``(memory bytes, write threads)``, with
+        ``joining`` more sessions counted (one about to open)."""
+        n = max(1, sum(1 for s in self.sessions.values() if s.engine is not None) + joining)
+        return self.memory_budget // n, max(1, self.thread_budget // n)
+
+    def rebalance(self) -> None:
+        """Divide the budget again when sessions opened or closed since the last division: every
+        open session is held to its new share (a smaller one frees buffer memory as it drains)."""
+        open_now = [s for s in self.sessions.values() if s.engine is not None]
+        if len(open_now) == self._shared_by:
+            return
+        self._shared_by = len(open_now)
+        memory, threads = self.shares()
+        for s in open_now:
+            s.apply_share(memory, threads)
 
     def serve_forever(self, stop: Optional[threading.Event] = None) -> None:
         stop = stop or self._stop
@@ -273,6 +304,7 @@ class ReceiverServer:
         wire = reply.to_dict()
         wire["seq"] = seq
         self._send(ident, wire)
+        self.rebalance()
 
     def _send(self, ident: bytes, wire: Dict[str, Any]) -> None:
         try:

@@ -376,9 +376,10 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
             log.debug("local destination: the local link carries the chunks; --encrypt has nothing to protect")
             opts = replace(opts, encrypt=False)
         secret = os.urandom(32)
-        server = ReceiverServer(where, "127.0.0.1", 0, secret=secret, max_threads=max(64, opts.max_threads),
-                                max_memory=max(opts.memory, LOCAL_MIN_MEMORY), encrypt=opts.encrypt,
-                                embedded=True).start()
+        memory, threads = max(opts.memory, LOCAL_MIN_MEMORY), max(64, opts.max_threads)
+        server = ReceiverServer(where, "127.0.0.1", 0, secret=secret, max_threads=threads, max_memory=memory,
+                                encrypt=opts.encrypt, embedded=True, memory_budget=memory,
+                                thread_budget=threads).start()
         host, port, subdir = "127.0.0.1", server.port, ""
     else:
         (host, port), subdir = remote, where

@@ -133,6 +133,11 @@ class Session:
         self.token = b""
         # what ``open`` set up
         self.engine: Any = None
+        self.memory_asked = self.memory_now = 0
+        """The staging buffer the sender asked for (clamped by ``--max-memory``), and what the
+        receiver's budget gives it now."""
+        self.threads_asked = 1
+        """The write threads the sender last asked for."""
         self.root: Optional[SafeRoot] = None
         self.base: Tuple[str, ...] = ()
         self.chunk_size = 0
@@ -260,15 +265,30 @@ class Session:
             self._settle_markers()
         key = protocol.data_key(srv.secret, self.server_nonce, self.client_nonce) if encrypt else None
         wt = (int(req.write_throttle[0]), int(req.write_throttle[1]))
-        self.engine = Receiver(srv.host, 0, self.token, chunk, memory, max_threads=srv.max_threads,
+        self.memory_asked, self.threads_asked = memory, int(req.write_threads)
+        share_memory, _ = srv.shares(joining=1)
+        self.memory_now = max(chunk, min(memory, share_memory))
+        self.engine = Receiver(srv.host, 0, self.token, chunk, self.memory_now, max_threads=srv.max_threads,
                                write_throttle=wt, rcvbuf=req.rcvbuf or 0, tls_key=key)
-        self.engine.set_threads(srv.clamp_threads(req.write_threads))
+        self.apply_share(*srv.shares())
         self.state = "open"
         self.t_open = time.monotonic()
         log.info("session %s%s opened: into %s%s (chunk %d, buffer %d bytes%s%s)", self.sid,
                  f" from {self.peer}" if self.peer else "", srv.root, "/" + "/".join(self.base) if self.base else "",
                  chunk, memory, ", encrypted" if encrypt else "", ", dry run" if self.dry_run else "")
         return protocol.Opened(self.engine.port, chunk, memory, srv.max_threads, encrypt, runtime_throttle=True)
+
+    def apply_share(self, memory: int, threads: int) -> None:
+        """Hold this session to its share of the receiver's budget (``memory`` bytes of staging
+        buffer, ``threads`` write threads; :meth:`automdt.receiver.ReceiverServer.shares`): what
+        its sender asks for, never more than the share."""
+        if self.engine is None:
+            return
+        mem = max(self.chunk_size, min(self.memory_asked, memory))
+        if mem != self.memory_now:
+            self.engine.set_memory(mem)
+            self.memory_now = mem
+        self.engine.set_threads(self.server.clamp_threads(min(self.threads_asked, threads)))
 
     def _open_destination(self, where: str) -> None:
         """Open the root and the session's subdirectory (created unless a dry run) and make sure a
@@ -586,7 +606,8 @@ class Session:
     # ----------------------------------------------------------------- during the transfer
     def _poll(self, req: protocol.Poll) -> protocol.Status:
         if req.write_threads is not None:
-            self.engine.set_threads(self.server.clamp_threads(req.write_threads))
+            self.threads_asked = int(req.write_threads)
+            self.apply_share(*self.server.shares())
         if req.write_throttle is not None:  # a throttle schedule's entry became due
             t, total = (max(0, x) for x in req.write_throttle)
             self.engine.set_throttle("write", t, total)

@@ -16,8 +16,9 @@ sender side has a ``tc tbf`` limit of ``--link-mbps`` MB/s: the shared link. Wit
 Printed (and written with ``--json FILE``):
 * exit codes of every sender and whether every destination tree equals its source (byte for byte);
 * the receiver's resident memory: idle, peak while serving, and the growth against the sum of the
-  per-session staging caps (sessions x min(--memory, --max-memory)) plus a fixed allowance per
-  session for its threads' stacks, sockets and bookkeeping (``--overhead-mib``, default 4);
+  per-session staging caps (sessions x min(--memory, --max-memory), or the receiver's
+  ``--memory-budget`` when that is smaller) plus a fixed allowance per session for its threads'
+  stacks, sockets and bookkeeping (``--overhead-mib``, default 4);
 * Jain's fairness index J = (sum x)^2 / (n sum x^2) of the senders' throughputs, over whole runs
   (bytes / own seconds; start-up order skews it: an early sender has the link to itself) and
   per 5-s period over the senders active through that period (from each sender's ``--log``
@@ -133,6 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--link-mbps", type=float, default=40, help="shared link rate MB/s (0: loopback; default 40)")
     ap.add_argument("--memory", default="8Mi", help="each sender's --memory (default 8Mi)")
     ap.add_argument("--max-memory", default="8Mi", help="the receiver's per-session --max-memory (default 8Mi)")
+    ap.add_argument("--memory-budget", default=None,
+                    help="the receiver's --memory-budget for all sessions together (default: its own)")
+    ap.add_argument("--thread-budget", default=None, help="the receiver's --thread-budget (default: its own)")
     ap.add_argument("--chunk-size", default="1Mi",
                     help="senders' --chunk-size (default 1Mi: a fair share of 40/32 MB/s is ~1 chunk a second)")
     ap.add_argument("--bin", type=float, default=5.0, help="seconds per period of the per-period Jain index (default 5)")
@@ -162,6 +166,15 @@ def main(argv=None) -> int:
     procs = []
     res = {"senders": n, "files_per_sender": a.files + 1, "mib_per_sender": a.mib, "policies": policies,
            "staging_cap_per_session": cap}
+    budget_args = []
+    staging_cap = n * cap  # every session at its own cap at once
+    if a.memory_budget:
+        budget_args += ["--memory-budget", a.memory_budget]
+        staging_cap = min(staging_cap, parse_size(a.memory_budget))
+        res["memory_budget"] = parse_size(a.memory_budget)
+    if a.thread_budget:
+        budget_args += ["--thread-budget", str(a.thread_budget)]
+        res["thread_budget"] = int(a.thread_budget)
     try:
         with Net(a.link_mbps) as net:
             res["link"] = f"tbf {a.link_mbps:g} MB/s between two namespaces" if net.use_ns else "loopback"
@@ -170,7 +183,7 @@ def main(argv=None) -> int:
                 recv = subprocess.Popen(net.wrap("rcv", [PY, "-m", "automdt", "receive", "--listen",
                                                          f"{net.ip_r}:{port}", "--root", root, "--secret-file", secret,
                                                          "--max-sessions", str(n), "--max-memory", a.max_memory,
-                                                         "--metrics", "127.0.0.1:9215"]),
+                                                         "--metrics", "127.0.0.1:9215", *budget_args]),
                                         stdout=subprocess.DEVNULL, stderr=err)
             deadline = time.monotonic() + 60
             while "receiving into" not in open(errp).read():
@@ -250,12 +263,12 @@ def main(argv=None) -> int:
         "logged_span_s": round(max(0.0, window[1] - window[0]), 2),
         "receiver_rss_idle_MiB": round(idle / MiB, 1), "receiver_rss_peak_MiB": round(peak / MiB, 1),
         "receiver_rss_growth_MiB": round((peak - idle) / MiB, 1),
-        "memory_cap_MiB": round(n * (cap + a.overhead_mib * MiB) / MiB, 1),
+        "memory_cap_MiB": round((staging_cap + n * a.overhead_mib * MiB) / MiB, 1),
         "metrics_after": {k: metrics.get(k) for k in ("automdt_sessions_total", "automdt_received_files_total",
                                                       "automdt_written_bytes_total", "automdt_sessions_active",
                                                       "automdt_rejected_connections_total")},
     })
-    res["within_memory_cap"] = peak - idle <= n * (cap + a.overhead_mib * MiB)
+    res["within_memory_cap"] = peak - idle <= staging_cap + n * a.overhead_mib * MiB
     res["jain_common_window"] = window_jain  # per-second index (see _window_jain)
     ok = res["all_exit_0"] and res["trees_identical"] == n and res["within_memory_cap"] and res["still_serving"]
     res["ok"] = bool(ok)

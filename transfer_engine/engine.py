@@ -588,6 +588,11 @@ class Receiver(_Engine):
         """Change the write thread count (0 pauses writing). :return: the previous count."""
         return int(self._e.set_threads(_check_int("write threads", write, 0, self.max_threads)))
 
+    def set_memory(self, memory_bytes: int) -> int:
+        """Change the staging buffer's cap (at least one chunk) while running: a lower cap frees
+        buffer memory as the writers drain it. :return: the previous cap in bytes."""
+        return int(self._e.set_memory(_check_int("memory_bytes", memory_bytes, self.chunk_size)))
+
     def set_throttle(self, stage: str, thread_bps: int, total_bps: int) -> None:
         """Set the ``"write"`` throttle, bytes/s (0 = unlimited)."""
         if stage != "write":

@@ -315,3 +315,26 @@ def test_cancel_file_drops_unsent_chunks(rig):
     assert r.tx_kind("file_error") == []
     with pytest.raises(KeyError):
         r.tx.cancel_file(77)
+
+
+def test_a_receivers_buffer_cap_changes_while_it_runs(rig):
+    """A lowered cap frees buffer memory as the writers drain it and no more is handed out above
+    it; a raised cap lets the buffer grow again (the receiver's budget shares memory this way)."""
+    r = rig(chunk=CHUNK, memory=32 * CHUNK, threads=(2, 2, 1),
+            receiver_kw={"write_throttle": (16 * CHUNK, 0)})
+    src, dst, data = r.add(1, 160 * CHUNK)
+    wait_for(lambda: r.rx.stats().buffer.slots_allocated >= 24, what="the buffer fills behind a slow writer")
+    assert r.rx.set_memory(8 * CHUNK) == 32 * CHUNK
+    wait_for(lambda: r.rx.stats().buffer.slots_allocated <= 8, what="the buffer shrinks to the new cap")
+    for _ in range(20):
+        st = r.rx.stats().buffer
+        assert st.slots_allocated <= 8 and st.slots_used <= 8 and st.capacity_bytes == 8 * CHUNK
+        time.sleep(0.05)
+    r.rx.set_memory(32 * CHUNK)
+    wait_for(lambda: r.rx.stats().buffer.slots_allocated > 16, what="the buffer grows again")
+    r.rx.set_threads(4)
+    wait_for(lambda: 1 in r.done_ids(), timeout=60, what="the file completes")
+    with open(dst, "rb") as f:
+        assert f.read() == data
+    with pytest.raises(ValueError):
+        r.rx.set_memory(CHUNK - 1)

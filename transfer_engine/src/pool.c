@@ -174,12 +174,12 @@ amdt_slot *amdt_pool_get(amdt_pool *p, uint32_t length, unsigned wait_ms)
     for (;;) {
         if (amdt_stopping(p->stop))
             break;
-        if (p->free_list != NULL) {
+        if (p->free_list != NULL && p->slots_used < p->slots_max) {
             s = p->free_list;
             p->free_list = s->next;
             break;
         }
-        if (p->slots_alloc < p->slots_max) {
+        if (p->free_list == NULL && p->slots_alloc < p->slots_max) {
             p->slots_alloc++; /* reserve the allocation, then malloc outside the lock */
             pthread_mutex_unlock(&p->mu);
             s = amdt_slot_new(p->chunk_size, p->with_data);
@@ -209,6 +209,21 @@ amdt_slot *amdt_pool_get(amdt_pool *p, uint32_t length, unsigned wait_ms)
     return s;
 }
 
+/* Unlink a free slot from the list of all slots and free it (its memory leaves the process's
+ * count at once: the point of a lowered cap). Called with the lock held. */
+static void amdt_slot_drop_locked(amdt_pool *p, amdt_slot *s)
+{
+    for (amdt_slot **pp = &p->all; *pp != NULL; pp = &(*pp)->all_next) {
+        if (*pp == s) {
+            *pp = s->all_next;
+            break;
+        }
+    }
+    p->slots_alloc--;
+    free(s->data);
+    free(s);
+}
+
 void amdt_pool_put(amdt_pool *p, amdt_slot *s)
 {
     pthread_mutex_lock(&p->mu);
@@ -216,9 +231,26 @@ void amdt_pool_put(amdt_pool *p, amdt_slot *s)
     p->fill_bytes -= s->length;
     s->file = NULL;
     s->fd = -1;
-    s->next = p->free_list;
-    p->free_list = s;
-    pthread_cond_signal(&p->cv_free);
+    if (p->slots_alloc > p->slots_max) {
+        amdt_slot_drop_locked(p, s); /* the cap was lowered: this slot is over it */
+    } else {
+        s->next = p->free_list;
+        p->free_list = s;
+        pthread_cond_signal(&p->cv_free);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+void amdt_pool_set_max(amdt_pool *p, size_t slots_max)
+{
+    pthread_mutex_lock(&p->mu);
+    p->slots_max = slots_max > 0 ? slots_max : 1;
+    while (p->slots_alloc > p->slots_max && p->free_list != NULL) {
+        amdt_slot *s = p->free_list;
+        p->free_list = s->next;
+        amdt_slot_drop_locked(p, s);
+    }
+    pthread_cond_broadcast(&p->cv_free); /* a raised cap lets waiting producers allocate */
     pthread_mutex_unlock(&p->mu);
 }
 

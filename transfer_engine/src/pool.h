@@ -74,6 +74,9 @@ void amdt_pool_destroy(amdt_pool *p);
 amdt_slot *amdt_pool_get(amdt_pool *p, uint32_t length, unsigned wait_ms);
 /* Give a slot back to the free list (its bytes leave the fill count). */
 void amdt_pool_put(amdt_pool *p, amdt_slot *s);
+/* Change the cap while the pool is in use: a lowered cap frees free slots above it now and
+ * the others as they are given back; no slot is handed out while the used ones reach it. */
+void amdt_pool_set_max(amdt_pool *p, size_t slots_max);
 /* Queue a filled slot for the consumers. */
 void amdt_pool_push(amdt_pool *p, amdt_slot *s);
 /* The oldest filled slot, or NULL after wait_ms / on stop. */

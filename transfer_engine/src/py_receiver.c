@@ -216,6 +216,23 @@ static PyObject *Receiver_set_threads(amdt_py_engine *self, PyObject *args)
     return PyLong_FromLong(old);
 }
 
+static PyObject *Receiver_set_memory(amdt_py_engine *self, PyObject *args)
+{
+    unsigned long long bytes;
+    amdt_receiver *r = amdt_py_usable(self);
+    if (r == NULL)
+        return NULL;
+    if (!PyArg_ParseTuple(args, "K", &bytes))
+        return NULL;
+    if (bytes < r->pool.chunk_size) {
+        PyErr_Format(PyExc_ValueError, "memory must hold at least one chunk (%zu bytes), got %llu",
+                     r->pool.chunk_size, bytes);
+        return NULL;
+    }
+    /* Keeps the GIL: the pool's lock is held only to free slots already free. */
+    return PyLong_FromUnsignedLongLong(amdt_receiver_set_memory(r, bytes));
+}
+
 static PyObject *Receiver_stats(amdt_py_engine *self, PyObject *Py_UNUSED(ignored))
 {
     amdt_receiver_stats st;
@@ -250,6 +267,8 @@ static PyMethodDef Receiver_methods[] = {
      "set_threads(write) -> old_write"},
     {"set_throttle", amdt_py_set_throttle, METH_VARARGS,
      "set_throttle('write', thread_bps, total_bps)"},
+    {"set_memory", (PyCFunction)Receiver_set_memory, METH_VARARGS,
+     "set_memory(bytes) -> old_bytes: the staging buffer's cap, changed while running"},
     {"stats", (PyCFunction)Receiver_stats, METH_NOARGS, "stats() -> tuple"},
     AMDT_PY_ENGINE_METHODS,
     {NULL, NULL, 0, NULL},

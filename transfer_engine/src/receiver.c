@@ -791,6 +791,15 @@ int amdt_receiver_set_threads(amdt_receiver *r, int nwrite, int *old_write)
     return rc;
 }
 
+uint64_t amdt_receiver_set_memory(amdt_receiver *r, uint64_t memory_bytes)
+{
+    pthread_mutex_lock(&r->pool.mu);
+    uint64_t old = (uint64_t)r->pool.slots_max * r->pool.chunk_size;
+    pthread_mutex_unlock(&r->pool.mu);
+    amdt_pool_set_max(&r->pool, (size_t)(memory_bytes / r->pool.chunk_size));
+    return old;
+}
+
 void amdt_receiver_get_stats(amdt_receiver *r, amdt_receiver_stats *out)
 {
     out->time_ns = amdt_now_ns();

@@ -93,6 +93,9 @@ int amdt_receiver_remove_file(amdt_receiver *r, uint32_t id);
  * -3 out of memory. */
 int amdt_receiver_missing(amdt_receiver *r, uint32_t id, uint64_t **out, size_t *n, uint64_t *size);
 int amdt_receiver_set_threads(amdt_receiver *r, int nwrite, int *old_write);
+/* Change the staging buffer's cap (bytes, at least one chunk) while the receiver runs; a lower
+ * cap frees buffer memory as the writers drain it. Returns the old cap in bytes. */
+uint64_t amdt_receiver_set_memory(amdt_receiver *r, uint64_t memory_bytes);
 void amdt_receiver_get_stats(amdt_receiver *r, amdt_receiver_stats *out);
 void amdt_receiver_close(amdt_receiver *r);
 
