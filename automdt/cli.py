@@ -234,10 +234,10 @@ def _receive_parser(sub) -> None:
                    help="clamp for write threads (default 64)")
     r.add_argument("--max-memory", default="1Gi", metavar="BYTES", type=A.size(MIN_CHUNK, what="memory"),
                    help="clamp for each session's staging buffer (default 1Gi)")
-    r.add_argument("--memory-budget", default="4Gi", metavar="BYTES", type=A.size(MIN_CHUNK, what="memory"),
+    r.add_argument("--total-memory", default="4Gi", metavar="BYTES", type=A.size(MIN_CHUNK, what="memory"),
                    help="staging memory of all sessions together: each open session may hold an equal share, "
                         "re-divided as senders come and go (default 4Gi)")
-    r.add_argument("--thread-budget", type=A.integer(1, 100_000), default=256, metavar="N",
+    r.add_argument("--total-threads", type=A.integer(1, 100_000), default=256, metavar="N",
                    help="write threads of all sessions together, divided the same way, at least one each "
                         "(default 256)")
     r.add_argument("--idle-timeout", type=A.seconds(1.0, lo_open=False), default=60.0, metavar="SECONDS",
@@ -741,8 +741,8 @@ def cmd_receive(args) -> int:
         server = ReceiverServer(args.root, host, port, secret=secret, max_threads=args.max_threads,
                                 max_memory=max_memory, idle_timeout_s=args.idle_timeout, encrypt=args.encrypt,
                                 max_sessions=args.max_sessions, metrics=metrics,
-                                memory_budget=parse_size(args.memory_budget, "memory"),
-                                thread_budget=args.thread_budget)
+                                total_memory=parse_size(args.total_memory, "memory"),
+                                total_threads=args.total_threads)
     except AutomdtError:
         if metrics is not None:
             metrics.close()

@@ -29,10 +29,10 @@ from automdt.partial import PartialFile
 from automdt.protocol import is_loopback
 from automdt.session import HANDSHAKE_STATES, Deferred, Session, SessionError
 
-MEMORY_BUDGET = 4 << 30
-"""Staging memory of all sessions of one receiver together (``--memory-budget``), bytes."""
-THREAD_BUDGET = 256
-"""Write threads of all sessions of one receiver together (``--thread-budget``)."""
+TOTAL_MEMORY = 4 << 30
+"""Staging memory of all sessions of one receiver together (``--total-memory``), bytes."""
+TOTAL_THREADS = 256
+"""Write threads of all sessions of one receiver together (``--total-threads``)."""
 
 __all__ = ["ReceiverServer", "Session", "SessionError", "is_loopback"]
 
@@ -90,17 +90,17 @@ class ReceiverServer:
     :param max_threads: clamp for every write-thread count a sender or policy asks for.
     :param max_memory: clamp for each session's receiver staging buffer, bytes.
     :param idle_timeout_s: a session silent this long is closed (its partial files stay).
-    :param memory_budget: staging memory of all sessions together, bytes: each open session may
+    :param total_memory: staging memory of all sessions together, bytes: each open session may
         hold an equal share (:meth:`shares`), re-divided whenever one opens or closes.
-    :param thread_budget: write threads of all sessions together, divided the same way (each
+    :param total_threads: write threads of all sessions together, divided the same way (each
         session keeps at least one).
     """
 
     def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
                  max_threads: int = 64, max_memory: int = 1 << 30, idle_timeout_s: float = 60.0,
                  max_files: int = 10_000_000, max_sessions: int = 16, encrypt: bool = False,
-                 metrics: Any = None, embedded: bool = False, memory_budget: int = MEMORY_BUDGET,
-                 thread_budget: int = THREAD_BUDGET):
+                 metrics: Any = None, embedded: bool = False, total_memory: int = TOTAL_MEMORY,
+                 total_threads: int = TOTAL_THREADS):
         check_root(root, writable=False)
         if secret is None and not is_loopback(host):
             raise errors.AutomdtError(
@@ -118,8 +118,8 @@ class ReceiverServer:
         self.idle_timeout_s = idle_timeout_s
         self.max_files = max_files
         self.max_sessions = max_sessions
-        self.memory_budget = memory_budget
-        self.thread_budget = thread_budget
+        self.total_memory = total_memory
+        self.total_threads = total_threads
         self._shared_by = 0
         """Open sessions when the budget was last divided."""
         import resource
@@ -196,7 +196,7 @@ class ReceiverServer:
         """Each open session's share of the budget: ``(memory bytes, write threads)``, with
         ``joining`` more sessions counted (one about to open)."""
         n = max(1, sum(1 for s in self.sessions.values() if s.engine is not None) + joining)
-        return self.memory_budget // n, max(1, self.thread_budget // n)
+        return self.total_memory // n, max(1, self.total_threads // n)
 
     def rebalance(self) -> None:
         """Divide the budget again when sessions opened or closed since the last division: every

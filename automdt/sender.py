@@ -378,8 +378,8 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
         secret = os.urandom(32)
         memory, threads = max(opts.memory, LOCAL_MIN_MEMORY), max(64, opts.max_threads)
         server = ReceiverServer(where, "127.0.0.1", 0, secret=secret, max_threads=threads, max_memory=memory,
-                                encrypt=opts.encrypt, embedded=True, memory_budget=memory,
-                                thread_budget=threads).start()
+                                encrypt=opts.encrypt, embedded=True, total_memory=memory,
+                                total_threads=threads).start()
         host, port, subdir = "127.0.0.1", server.port, ""
     else:
         (host, port), subdir = remote, where

@@ -17,7 +17,7 @@ Printed (and written with ``--json FILE``):
 * exit codes of every sender and whether every destination tree equals its source (byte for byte);
 * the receiver's resident memory: idle, peak while serving, and the growth against the sum of the
   per-session staging caps (sessions x min(--memory, --max-memory), or the receiver's
-  ``--memory-budget`` when that is smaller) plus a fixed allowance per session for its threads'
+  ``--total-memory`` when that is smaller) plus a fixed allowance per session for its threads'
   stacks, sockets and bookkeeping (``--overhead-mib``, default 4);
 * Jain's fairness index J = (sum x)^2 / (n sum x^2) of the senders' throughputs, over whole runs
   (bytes / own seconds; start-up order skews it: an early sender has the link to itself) and
@@ -134,9 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--link-mbps", type=float, default=40, help="shared link rate MB/s (0: loopback; default 40)")
     ap.add_argument("--memory", default="8Mi", help="each sender's --memory (default 8Mi)")
     ap.add_argument("--max-memory", default="8Mi", help="the receiver's per-session --max-memory (default 8Mi)")
-    ap.add_argument("--memory-budget", default=None,
-                    help="the receiver's --memory-budget for all sessions together (default: its own)")
-    ap.add_argument("--thread-budget", default=None, help="the receiver's --thread-budget (default: its own)")
+    ap.add_argument("--total-memory", default=None,
+                    help="the receiver's --total-memory for all sessions together (default: its own)")
+    ap.add_argument("--total-threads", default=None, help="the receiver's --total-threads (default: its own)")
     ap.add_argument("--chunk-size", default="1Mi",
                     help="senders' --chunk-size (default 1Mi: a fair share of 40/32 MB/s is ~1 chunk a second)")
     ap.add_argument("--bin", type=float, default=5.0, help="seconds per period of the per-period Jain index (default 5)")
@@ -168,13 +168,13 @@ def main(argv=None) -> int:
            "staging_cap_per_session": cap}
     budget_args = []
     staging_cap = n * cap  # every session at its own cap at once
-    if a.memory_budget:
-        budget_args += ["--memory-budget", a.memory_budget]
-        staging_cap = min(staging_cap, parse_size(a.memory_budget))
-        res["memory_budget"] = parse_size(a.memory_budget)
-    if a.thread_budget:
-        budget_args += ["--thread-budget", str(a.thread_budget)]
-        res["thread_budget"] = int(a.thread_budget)
+    if a.total_memory:
+        budget_args += ["--total-memory", a.total_memory]
+        staging_cap = min(staging_cap, parse_size(a.total_memory))
+        res["total_memory"] = parse_size(a.total_memory)
+    if a.total_threads:
+        budget_args += ["--total-threads", str(a.total_threads)]
+        res["total_threads"] = int(a.total_threads)
     try:
         with Net(a.link_mbps) as net:
             res["link"] = f"tbf {a.link_mbps:g} MB/s between two namespaces" if net.use_ns else "loopback"

@@ -1,5 +1,5 @@
 """One receiver, several senders at once, within one budget: the staging memory and the write
-threads of all sessions together stay within --memory-budget and --thread-budget, shared evenly
+threads of all sessions together stay within --total-memory and --total-threads, shared evenly
 and given back as sessions end; every tree arrives whole."""
 import os
 import threading
@@ -37,7 +37,7 @@ def test_many_sessions_share_the_receivers_budget_and_get_it_back(tmp_path):
             (src / f"f{j}.bin").write_bytes(os.urandom(6 * MiB))
         srcs.append(src)
     srv = ReceiverServer(str(root), "127.0.0.1", 0, max_threads=16, max_memory=8 * MiB,
-                         memory_budget=budget_memory, thread_budget=budget_threads).start()
+                         total_memory=budget_memory, total_threads=budget_threads).start()
     results = [None] * senders
     worst = {"memory": 0, "threads": 0, "sessions": 0}
     try:
