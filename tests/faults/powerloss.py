@@ -30,21 +30,47 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tests.faults.crashdisk import MODELS, CrashDisk, available, new_boot_prefix
 
 KiB = 1024
 
 
-def make_source(path: str, seed: int = 0) -> Dict[str, str]:
-    """A small tree (subdirectories, small and larger files, an empty one); returns the digests."""
+SPREAD_S = 3.0
+"""Seconds a transfer of any dataset takes at the default write limit of :func:`run_point`."""
+DATASETS = ("mixed", "small", "large", "deep")
+"""The source trees of :func:`make_source`."""
+
+
+def make_source(path: str, seed: int = 0, kind: str = "mixed") -> Dict[str, str]:
+    """A source tree of one of :data:`DATASETS`; returns its digests.
+
+    * ``mixed``: 20 files in three directories and a level below (empty, 1 byte, 4 KiB, 64-900
+      KiB, 3 and 5 MiB);
+    * ``small``: 300 files of 1-16 KiB in 10 directories (metadata-heavy);
+    * ``large``: three files of 6 MiB (long chunk writes, partials in flight);
+    * ``deep``: a chain of 12 nested directories, two files at each level.
+    """
     rng = random.Random(seed)
-    sizes = [0, 1, 4 * KiB, 100 * KiB] + [rng.randint(64 * KiB, 900 * KiB) for _ in range(14)] + [3 << 20, 5 << 20]
-    for i, size in enumerate(sizes):
-        sub = os.path.join(path, f"d{i % 3}", "deep" if i % 5 == 0 else "")
-        os.makedirs(sub, exist_ok=True)
-        with open(os.path.join(sub, f"f{i:02d}.bin"), "wb") as f:
+    files: List[Tuple[str, int]] = []
+    if kind == "mixed":
+        sizes = [0, 1, 4 * KiB, 100 * KiB] + [rng.randint(64 * KiB, 900 * KiB) for _ in range(14)] + [3 << 20, 5 << 20]
+        files = [(os.path.join(f"d{i % 3}", "deep" if i % 5 == 0 else "", f"f{i:02d}.bin"), n)
+                 for i, n in enumerate(sizes)]
+    elif kind == "small":
+        files = [(os.path.join(f"s{i % 10}", f"f{i:03d}.bin"), rng.randint(1 * KiB, 16 * KiB)) for i in range(300)]
+    elif kind == "large":
+        files = [(f"big{i}.bin", 6 << 20) for i in range(3)]
+    elif kind == "deep":
+        files = [(os.path.join(*[f"l{j}" for j in range(level + 1)], f"f{k}.bin"), rng.randint(1 * KiB, 300 * KiB))
+                 for level in range(12) for k in range(2)]
+    else:
+        raise ValueError(f"dataset must be one of {DATASETS}")
+    for rel, size in files:
+        full = os.path.join(path, rel)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "wb") as f:
             f.write(rng.randbytes(size))
     return tree_digests(path)
 
@@ -73,16 +99,20 @@ def _env(state: str) -> Dict[str, str]:
 
 
 def run_point(disk: CrashDisk, src: str, digests: Dict[str, str], *, cut_at: Optional[float], model: str, seed: int,
-              fsync: str = "end", rate: str = "4M", state: Optional[str] = None) -> Dict[str, Any]:
+              fsync: str = "end", rate: Optional[str] = None, state: Optional[str] = None) -> Dict[str, Any]:
     """One power cut and its rerun (see the module's doc).
 
     :param cut_at: seconds after the start, or None: right after the transfer exits.
     :param model: the crash disk's model (:data:`~tests.faults.crashdisk.MODELS`).
-    :param rate: the destination's write limit (``--throttle write.total``): it spreads the
-        transfer over a few seconds, so the cut lands inside it.
+    :param rate: the destination's write limit (``--throttle write.total``; default: the
+        source's size over :data:`SPREAD_S`): it spreads the transfer over a few seconds, so the
+        cut lands inside it.
     :returns: the point's record (``ok``: the contract held; ``problems``: what broke it).
     """
     state = state or tempfile.mkdtemp(prefix="amdt-pl-state-")
+    if rate is None:
+        total = sum(os.path.getsize(os.path.join(src, k)) for k in digests)
+        rate = str(max(256 * KiB, int(total / SPREAD_S)))
     mnt = disk.fresh()
     dest = os.path.join(mnt, "dest")
     cmd = _command(src, dest, fsync, rate)
@@ -124,13 +154,14 @@ def run_point(disk: CrashDisk, src: str, digests: Dict[str, str], *, cut_at: Opt
     if wrong:
         problems.append(f"after the rerun {len(wrong)} file(s) differ from the source: {wrong[:5]}")
     succeeded_first = first_rc == 0
+    lost_bytes = sum(os.path.getsize(os.path.join(src, k)) for k in digests if k not in intact)
     if fsync in ("file", "dir"):
         if damaged:
             problems.append(f"--fsync {fsync}: {len(damaged)} renamed file(s) damaged by the cut: {damaged[:5]}")
         at_risk = len(digests) - len(intact)
-        if (summary.get("files_transferred") or 0) > at_risk:
+        if (summary.get("files_transferred") or 0) > at_risk or (summary.get("bytes") or 0) > lost_bytes:
             problems.append(f"--fsync {fsync}: the rerun sent {summary.get('files_transferred')} file(s), "
-                            f"{at_risk} were not intact")
+                            f"{summary.get('bytes')} bytes; {at_risk} file(s), {lost_bytes} bytes were not intact")
     if succeeded_first and fsync in ("end", "dir"):
         if len(intact) != len(digests):
             problems.append(f"exit 0 with --fsync {fsync}, yet {len(digests) - len(intact)} file(s) lost by the cut")
@@ -140,20 +171,23 @@ def run_point(disk: CrashDisk, src: str, digests: Dict[str, str], *, cut_at: Opt
             "first_exit": first_rc, "cut": cut, "files": len(digests), "intact_after_cut": len(intact),
             "damaged_after_cut": len(damaged), "missing_after_cut": len(digests) - len(after_cut),
             "rerun_exit": rerun.returncode, "rerun_sent": summary.get("files_transferred"),
+            "rerun_bytes": summary.get("bytes"), "bytes_not_intact": lost_bytes,
             "rerun_skipped": summary.get("files_skipped"), "ok": not problems, "problems": problems}
 
 
-def plan(points: int, seed: int = 0, duration_s: float = 3.0) -> List[Dict[str, Any]]:
-    """``points`` cut points: the --fsync settings, crash models and filesystem modes in turn,
-    the cut's moment uniform over the transfer's expected ``duration_s`` and one in eight right
-    after a successful exit."""
+def plan(points: int, seed: int = 0, duration_s: float = SPREAD_S,
+         datasets: Sequence[str] = DATASETS) -> List[Dict[str, Any]]:
+    """``points`` cut points: the --fsync settings, crash models, filesystem modes and datasets in
+    turn, the cut's moment uniform over the transfer's expected ``duration_s`` and one in eight
+    right after a successful exit."""
     rng = random.Random(seed)
     fsyncs = ("end", "none", "file", "dir", "end")
     out = []
     for i in range(points):
         cut_at = None if i % 8 == 7 else round(rng.uniform(0.2, duration_s), 3)
         out.append({"cut_at": cut_at, "model": MODELS[i % len(MODELS)], "fsync": fsyncs[(i // 3) % len(fsyncs)],
-                    "fs_mode": ("ordered", "writeback")[(i // 12) % 2], "seed": rng.randrange(1 << 30)})
+                    "fs_mode": ("ordered", "writeback")[(i // 12) % 2], "dataset": datasets[(i // 24) % len(datasets)],
+                    "seed": rng.randrange(1 << 30)})
     return out
 
 
@@ -172,28 +206,32 @@ def main(argv: Optional[List[str]] = None) -> int:
     work = tempfile.mkdtemp(prefix="amdt-powerloss-")
     records: List[Dict[str, Any]] = []
     t0 = time.monotonic()
+    disks: Dict[str, CrashDisk] = {}
+    sources: Dict[str, Tuple[str, Dict[str, str]]] = {}
     try:
-        src = os.path.join(work, "src")
-        digests = make_source(src, a.seed)
-        disks: Dict[str, CrashDisk] = {}
         for i, p in enumerate(plan(a.points, a.seed)):
             if only and i not in only:
                 continue
+            if p["dataset"] not in sources:
+                src = os.path.join(work, "src-" + p["dataset"])
+                sources[p["dataset"]] = (src, make_source(src, a.seed, p["dataset"]))
+            src, digests = sources[p["dataset"]]
             disk = disks.get(p["fs_mode"])
             if disk is None:
                 disk = disks[p["fs_mode"]] = CrashDisk(os.path.join(work, p["fs_mode"]), fs_mode=p["fs_mode"])
             rec = run_point(disk, src, digests, cut_at=p["cut_at"], model=p["model"], seed=p["seed"],
                             fsync=p["fsync"], state=os.path.join(work, "state"))
-            rec["point"] = i
+            rec["point"], rec["dataset"] = i, p["dataset"]
             records.append(rec)
             print(json.dumps(rec), flush=True)
+    finally:
         for d in disks.values():
             d.close()
-    finally:
         shutil.rmtree(work, ignore_errors=True)
     failed = [r for r in records if not r["ok"]]
     summary = {"points": len(records), "failed": len(failed), "seconds": round(time.monotonic() - t0, 1),
                "by_fsync": {f: sum(1 for r in records if r["fsync"] == f) for f in sorted({r["fsync"] for r in records})},
+               "by_dataset": {k: sum(1 for r in records if r["dataset"] == k) for k in sorted({r["dataset"] for r in records})},
                "cuts_after_success": sum(1 for r in records if r["cut_at"] is None),
                "cuts_with_pending_writes": sum(1 for r in records if r["cut"]["pending"] > 0),
                "damaged_after_cut": sum(r["damaged_after_cut"] for r in records),

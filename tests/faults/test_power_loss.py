@@ -2,7 +2,7 @@
 after every cut the same command repairs the destination, at the cost of what was at risk.
 
 The default suite cuts at a handful of moments per --fsync setting; the ``expensive`` case runs
-the 200-point plan of ``python -m tests.faults.powerloss``."""
+the 300-point plan of ``python -m tests.faults.powerloss``."""
 import os
 
 import pytest
@@ -97,17 +97,20 @@ def test_a_cut_during_the_transfer_is_repaired_by_the_same_command(disks, source
 
 
 @pytest.mark.expensive
-def test_two_hundred_cuts_over_transfers_models_and_settings(work, source):
-    """The plan of ``python -m tests.faults.powerloss``: 200 points, cut moments spread over the
-    transfer and after success, three device models, two ext4 modes, four --fsync settings."""
-    src, digests = source
-    disks = {}
-    failed = []
+def test_three_hundred_cuts_over_datasets_models_and_settings(work):
+    """The plan of ``python -m tests.faults.powerloss``: 300 points, cut moments spread over the
+    transfer and after success, three device models, two ext4 modes, four --fsync settings, four
+    datasets (mixed, many small files, a few large ones, a deep tree)."""
+    disks, sources, failed = {}, {}, []
     try:
-        for p in plan(200, seed=7):
+        for p in plan(300, seed=7):
+            if p["dataset"] not in sources:
+                src = str(work / ("src-" + p["dataset"]))
+                sources[p["dataset"]] = (src, make_source(src, 7, p["dataset"]))
             d = disks.get(p["fs_mode"])
             if d is None:
                 d = disks[p["fs_mode"]] = CrashDisk(str(work / ("plan-" + p["fs_mode"])), fs_mode=p["fs_mode"])
+            src, digests = sources[p["dataset"]]
             rec = run_point(d, src, digests, cut_at=p["cut_at"], model=p["model"], seed=p["seed"], fsync=p["fsync"],
                             state=str(work / "state"))
             if not rec["ok"]:
