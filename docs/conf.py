@@ -20,8 +20,13 @@ from automdt import __version__  # noqa: E402
 project = "AutoMDT"
 author = "The AutoMDT developers"
 copyright = "AutoMDT developers, BSD-3-Clause"
-release = __version__
-version = ".".join(__version__.split(".")[:2])
+try:  # the checkout's own version (the installed _version.py is as old as the last install)
+    from setuptools_scm import get_version
+
+    release = get_version(root=ROOT)
+except Exception:  # no git metadata or no setuptools-scm: what the install says
+    release = __version__
+version = release.split("+")[0]
 
 extensions = [
     "sphinx.ext.autodoc",   # the API reference (docs/api.md) from the docstrings

@@ -1,6 +1,7 @@
 """CHANGELOG.md keeps the Keep a Changelog form, and its latest release is the package's version."""
 import os
 import re
+import subprocess
 import tomllib
 
 from automdt import __version__
@@ -28,10 +29,20 @@ def test_changelog_has_unreleased_then_dated_releases_each_with_a_link():
     assert kinds <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, kinds
 
 
-def test_the_latest_release_is_the_package_version():
+def test_the_version_comes_from_the_latest_release_tag():
+    """At the release's tag the version is the release; after it, a development version of the
+    next one (setuptools-scm: 0.1.1.devN+g<hash>), never a number the changelog does not know."""
+    from packaging.version import Version
+
     latest = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", _changelog(), re.M)[0]
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
-    if "version" in project:
-        assert project["version"] == latest
-    assert __version__ == latest
+    assert "version" not in project and "version" in project["dynamic"]
+    v = Version(__version__)
+    if v.is_devrelease:
+        assert Version(v.base_version) > Version(latest), __version__
+    else:
+        assert v.base_version == latest, __version__
+    if os.path.isdir(os.path.join(ROOT, ".git")):
+        tags = subprocess.run(["git", "tag", "--list", f"v{latest}"], cwd=ROOT, capture_output=True, text=True).stdout
+        assert tags.split() == [f"v{latest}"], f"no tag v{latest} for the latest release"
