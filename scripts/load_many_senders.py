@@ -137,6 +137,9 @@ def main(argv=None) -> int:
     ap.add_argument("--total-memory", default=None,
                     help="the receiver's --total-memory for all sessions together (default: its own)")
     ap.add_argument("--total-threads", default=None, help="the receiver's --total-threads (default: its own)")
+    ap.add_argument("--late", type=float, default=0.0, metavar="SECONDS",
+                    help="start the last sender this long after the others and report how soon it reaches 80%% of "
+                         "its fair share (link / senders)")
     ap.add_argument("--chunk-size", default="1Mi",
                     help="senders' --chunk-size (default 1Mi: a fair share of 40/32 MB/s is ~1 chunk a second)")
     ap.add_argument("--bin", type=float, default=5.0, help="seconds per period of the per-period Jain index (default 5)")
@@ -196,6 +199,8 @@ def main(argv=None) -> int:
             env = dict(os.environ, XDG_RUNTIME_DIR=work)
             t_launch = time.time()
             for i in range(n):
+                if a.late and i == n - 1:
+                    time.sleep(a.late)
                 cmd = [PY, "-m", "automdt", "transfer", os.path.join(work, f"src{i:02d}"),
                        f"{net.ip_r}:{port}/dst{i:02d}", "--secret-file", secret, "--json", "--memory", a.memory, "--chunk-size", a.chunk_size,
                        "--log", os.path.join(work, f"s{i:02d}.log")]
@@ -226,6 +231,7 @@ def main(argv=None) -> int:
                 except (ValueError, IndexError):
                     sums.append({"exit_code": procs[i].returncode, "bytes": 0, "seconds": 0, "errors": [err[-300:]]})
             codes = [p.returncode for p in procs]
+            late_rows = _log_rows(os.path.join(work, f"s{n - 1:02d}.log"))
             window_jain, window = _window_jain(work, sums, ends, a.bin)
             identical = [same_tree(os.path.join(work, f"src{i:02d}"), os.path.join(root, f"dst{i:02d}")) for i in range(n)]
             metrics = scrape(net, 9215)
@@ -270,6 +276,9 @@ def main(argv=None) -> int:
     })
     res["within_memory_cap"] = peak - idle <= staging_cap + n * a.overhead_mib * MiB
     res["jain_common_window"] = window_jain  # per-second index (see _window_jain)
+    if a.late:
+        share = (a.link_mbps * 1e6 if a.link_mbps > 0 else res["aggregate_MBps"] * 1e6) / n
+        res["late_joiner"] = _late_joiner(late_rows, share)
     ok = res["all_exit_0"] and res["trees_identical"] == n and res["within_memory_cap"] and res["still_serving"]
     res["ok"] = bool(ok)
     _print(res)
@@ -277,6 +286,29 @@ def main(argv=None) -> int:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)
     return 0 if ok else 1
+
+
+def _log_rows(path):
+    """``(t, interval_s, net bytes)`` of every interval of a sender's ``--log``."""
+    rows = []
+    try:
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                if "t" in r and "interval_s" in r:
+                    rows.append((float(r["t"]), float(r["interval_s"]), float((r.get("bytes") or {}).get("net", 0))))
+    except (OSError, ValueError):
+        pass
+    return rows
+
+
+def _late_joiner(rows, share_bps):
+    """How soon the late sender reaches 80% of its fair share: the intervals from its first to the
+    first whose network rate is at least 0.8 x ``share_bps``, and its mean rate over its run."""
+    rates = [b / dt for _, dt, b in rows if dt > 0]
+    first = next((i + 1 for i, x in enumerate(rates) if x >= 0.8 * share_bps), None)
+    return {"fair_share_MBps": round(share_bps / 1e6, 2), "intervals_to_80pct": first,
+            "mean_MBps": round(sum(rates) / len(rates) / 1e6, 2) if rates else None, "intervals": len(rates)}
 
 
 def _window_jain(work, sums, ends, bin_s=5.0):
@@ -344,6 +376,10 @@ def _print(r):
     print(f"  Jain's fairness index: whole runs (bytes / own seconds) {r['jain_whole_runs']}; per {jw.get('bin_s')}-s period over "
           f"the senders active through it: mean {jw.get('mean')} over {jw.get('bins')} periods, {jw.get('mean_at_max')} while "
           f">= 3/4 of the peak {jw.get('max_active')} were active")
+    if r.get("late_joiner"):
+        lj = r["late_joiner"]
+        print(f"  late joiner: 80% of its fair share ({lj['fair_share_MBps']} MB/s) after {lj['intervals_to_80pct']} "
+              f"interval(s); mean {lj['mean_MBps']} MB/s over {lj['intervals']} intervals")
     print(f"  daemon after the run: {r['metrics_after']}; still serving a new transfer: {r['still_serving']}")
     print(f"  ok: {r['ok']}")
 
