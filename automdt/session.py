@@ -271,6 +271,10 @@ class Session:
         self.engine = Receiver(srv.host, 0, self.token, chunk, self.memory_now, max_threads=srv.max_threads,
                                write_throttle=wt, rcvbuf=req.rcvbuf or 0, tls_key=key)
         self.apply_share(*srv.shares())
+        if self.fsync != "none" and not self.dry_run:
+            # the write-back starts as chunks land, so the durable point at the end (or each
+            # file's fsync) waits for what is left, not for everything
+            self.engine.set_write_behind(True)
         self.state = "open"
         self.t_open = time.monotonic()
         log.info("session %s%s opened: into %s%s (chunk %d, buffer %d bytes%s%s)", self.sid,

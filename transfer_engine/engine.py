@@ -588,6 +588,11 @@ class Receiver(_Engine):
         """Change the write thread count (0 pauses writing). :return: the previous count."""
         return int(self._e.set_threads(_check_int("write threads", write, 0, self.max_threads)))
 
+    def set_write_behind(self, on: bool) -> None:
+        """Start each chunk's write-back to the disk once it is written (``sync_file_range``,
+        not waiting): a durable point at the end then finds little left to write."""
+        self._e.set_write_behind(bool(on))
+
     def set_memory(self, memory_bytes: int) -> int:
         """Change the staging buffer's cap (at least one chunk) while running: a lower cap frees
         buffer memory as the writers drain it. :return: the previous cap in bytes."""

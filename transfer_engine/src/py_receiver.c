@@ -233,6 +233,18 @@ static PyObject *Receiver_set_memory(amdt_py_engine *self, PyObject *args)
     return PyLong_FromUnsignedLongLong(amdt_receiver_set_memory(r, bytes));
 }
 
+static PyObject *Receiver_set_write_behind(amdt_py_engine *self, PyObject *args)
+{
+    int on;
+    amdt_receiver *r = amdt_py_usable(self);
+    if (r == NULL)
+        return NULL;
+    if (!PyArg_ParseTuple(args, "p", &on))
+        return NULL;
+    amdt_receiver_set_write_behind(r, on);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Receiver_stats(amdt_py_engine *self, PyObject *Py_UNUSED(ignored))
 {
     amdt_receiver_stats st;
@@ -269,6 +281,8 @@ static PyMethodDef Receiver_methods[] = {
      "set_throttle('write', thread_bps, total_bps)"},
     {"set_memory", (PyCFunction)Receiver_set_memory, METH_VARARGS,
      "set_memory(bytes) -> old_bytes: the staging buffer's cap, changed while running"},
+    {"set_write_behind", (PyCFunction)Receiver_set_write_behind, METH_VARARGS,
+     "set_write_behind(on): start each chunk's write-back once written"},
     {"stats", (PyCFunction)Receiver_stats, METH_NOARGS, "stats() -> tuple"},
     AMDT_PY_ENGINE_METHODS,
     {NULL, NULL, 0, NULL},

@@ -679,6 +679,8 @@ static void amdt_writer_body(amdt_worker *w)
             if (paced)
                 amdt_stage_add_bytes(&r->write, done - from);
         }
+        if (err == 0 && __atomic_load_n(&r->write_behind, __ATOMIC_RELAXED))
+            (void)sync_file_range(fd, (off_t)off, (off_t)len, SYNC_FILE_RANGE_WRITE); /* a hint */
         if (err == 0 && jfd >= 0) {
             uint8_t rec[AMDT_JOURNAL_REC_LEN];
             amdt_journal_encode(rec, len, off, payload_hash);
@@ -789,6 +791,11 @@ int amdt_receiver_set_threads(amdt_receiver *r, int nwrite, int *old_write)
     int rc = amdt_stage_set_target(&r->write, nwrite, old_write);
     amdt_pool_wake(&r->pool);
     return rc;
+}
+
+void amdt_receiver_set_write_behind(amdt_receiver *r, int on)
+{
+    __atomic_store_n(&r->write_behind, on ? 1 : 0, __ATOMIC_RELAXED);
 }
 
 uint64_t amdt_receiver_set_memory(amdt_receiver *r, uint64_t memory_bytes)

@@ -65,6 +65,7 @@ typedef struct amdt_receiver {
     pthread_cond_t cv_removed; /* a removed file's in-flight count reached zero */
     amdt_map files;
 
+    int write_behind; /* atomic: start the write-back of each chunk once written */
     uint64_t chunks_written, chunks_bad, chunks_duplicate, chunks_orphaned; /* atomics */
     uint64_t connections, connections_total, connections_rejected, protocol_errors;
     uint64_t local_users; /* atomic: local-link deliveries in progress (close waits for 0) */
@@ -93,6 +94,10 @@ int amdt_receiver_remove_file(amdt_receiver *r, uint32_t id);
  * -3 out of memory. */
 int amdt_receiver_missing(amdt_receiver *r, uint32_t id, uint64_t **out, size_t *n, uint64_t *size);
 int amdt_receiver_set_threads(amdt_receiver *r, int nwrite, int *old_write);
+/* Write-behind on (1) or off (0): after each chunk's pwrite, start its write-back to the disk
+ * (sync_file_range WRITE, not waiting), so a durable point at the end (syncfs) finds little
+ * left to write; the page cache then holds less dirty data during the transfer. */
+void amdt_receiver_set_write_behind(amdt_receiver *r, int on);
 /* Change the staging buffer's cap (bytes, at least one chunk) while the receiver runs; a lower
  * cap frees buffer memory as the writers drain it. Returns the old cap in bytes. */
 uint64_t amdt_receiver_set_memory(amdt_receiver *r, uint64_t memory_bytes);
