@@ -203,6 +203,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if why:
         print(f"powerloss: cannot run here: {why}", file=sys.stderr)
         return 2
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM (and SIGINT, ignored in a background job) end it cleanly
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     work = tempfile.mkdtemp(prefix="amdt-powerloss-")
     records: List[Dict[str, Any]] = []
     t0 = time.monotonic()
