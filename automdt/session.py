@@ -504,6 +504,17 @@ class Session:
         self._listings[parts] = names
         return names
 
+    def _space_note(self) -> str:
+        """`` (destination D: F MB free, this run has N MB left to write)`` for a full disk's error."""
+        try:
+            st = os.statvfs(self.dest.fd)
+            written = int(self.engine.stats().write.bytes) if self.engine is not None else 0
+        except (OSError, AttributeError):
+            return ""
+        left = max(0, self.accounting.bytes_needed - written)
+        return (f" (destination {self._where(self.base)}: {st.f_bavail * st.f_frsize / 1e6:.1f} MB free, "
+                f"this run has {left / 1e6:.1f} MB left to write)")
+
     def _check_space(self) -> None:
         try:
             st = os.statvfs(self.dest.fd)
@@ -729,6 +740,8 @@ class Session:
                 name = f.path if f else f"file #{ev[1]}"
                 code = errors.from_oserror(ev[2], writing=True)
                 msg = f"{name}: {ev[3] if len(ev) > 3 else os.strerror(ev[2])}"
+                if ev[2] in errors.DESTINATION_FULL_ERRNOS:
+                    msg += self._space_note()
                 if code == errors.FATAL and self.fatal is None:
                     self.fatal = (code, msg)
                 elif code != errors.FATAL:

@@ -47,3 +47,52 @@ def test_a_disk_that_fails_mid_transfer_stops_the_run_and_the_rerun_repairs(tmp_
                                timeout=180)
         assert rerun.returncode == 0, rerun.stderr
         assert tree_digests(dest) == digests
+
+
+def _fill(path):
+    """Write zeros to ``path`` until the filesystem is full (ENOSPC); returns the bytes written."""
+    n, block = 0, b"\0" * (1 << 20)
+    with open(path, "wb", buffering=0) as f:
+        while True:
+            try:
+                n += f.write(block)
+            except OSError:
+                break
+    return n
+
+
+@pytest.mark.parametrize("fill_at", [0.5, 1.2, 2.0])
+def test_a_disk_that_fills_up_mid_transfer_stops_the_run_and_the_rerun_finishes(tmp_path, fill_at):
+    """Another writer fills the destination's ext4 during the run: exit 7 with a one-line error
+    naming what did not fit, nothing renamed that is not whole, the partials kept; once the space
+    is freed, the same command finishes."""
+    src = str(tmp_path / "src")
+    digests = make_source(src)
+    state = str(tmp_path / "state")
+    with CrashDisk(str(tmp_path / "disk"), size=64 << 20, fs_mode="ordered") as disk:
+        mnt = disk.mount()
+        dest = os.path.join(mnt, "dest")
+        cmd = _command(src, dest, "end", "3M")
+        proc = subprocess.Popen(cmd, env=_env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        filler = os.path.join(mnt, "filler")
+        try:
+            time.sleep(fill_at)
+            assert proc.poll() is None, "the transfer ended before the disk filled"
+            _fill(filler)
+            out, err = proc.communicate(timeout=90)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        summary = json.loads(out)
+        assert proc.returncode == 7, err
+        assert "No space left on device" in err and "Traceback" not in err, err
+        assert "MB free, this run has" in err and dest in err, err  # the space, where it ran out
+        done = tree_digests(dest)
+        assert all(digests[k] == v for k, v in done.items()), "a file under its final name is not whole"
+        assert summary["files_transferred"] < len(digests)
+        os.unlink(filler)
+        rerun = subprocess.run(cmd, env=_env(state), capture_output=True, text=True, timeout=180)
+        assert rerun.returncode == 0, rerun.stderr
+        assert tree_digests(dest) == digests
+        assert not [n for n in os.listdir(dest) if n.startswith(".amdt-") and n.endswith(".part")]
