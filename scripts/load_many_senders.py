@@ -125,7 +125,7 @@ def scrape(net: Net, port: int) -> dict:
     return vals
 
 
-def main(argv=None) -> int:
+def _parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--senders", type=int, default=32)
     ap.add_argument("--files", type=int, default=8, help="files per sender (default 8)")
@@ -147,7 +147,11 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--keep", action="store_true", help="keep the data directory")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
     from automdt.units import parse_size
 
     n = a.senders
@@ -155,29 +159,13 @@ def main(argv=None) -> int:
     from automdt.experiments.run import _policy_list
 
     policies = _policy_list(a.policies)
-    work = tempfile.mkdtemp(prefix="amdt-i14-load-")
-    root = os.path.join(work, "root")
-    os.makedirs(root)
-    secret = os.path.join(work, "secret")
-    with open(secret, "wb") as f:
-        f.write(os.urandom(32).hex().encode())
-    os.chmod(secret, 0o600)
-    for i in range(n):
-        make_tree(os.path.join(work, f"src{i:02d}"), a.files, int(a.mib * MiB), seed=1000 + i)
+    work, root, secret = _prepare(a)
     port = 5215
     recv = None
     procs = []
     res = {"senders": n, "files_per_sender": a.files + 1, "mib_per_sender": a.mib, "policies": policies,
            "staging_cap_per_session": cap}
-    budget_args = []
-    staging_cap = n * cap  # every session at its own cap at once
-    if a.total_memory:
-        budget_args += ["--total-memory", a.total_memory]
-        staging_cap = min(staging_cap, parse_size(a.total_memory))
-        res["total_memory"] = parse_size(a.total_memory)
-    if a.total_threads:
-        budget_args += ["--total-threads", str(a.total_threads)]
-        res["total_threads"] = int(a.total_threads)
+    budget_args, staging_cap = _budget(a, n * cap, res)
     try:
         with Net(a.link_mbps) as net:
             res["link"] = f"tbf {a.link_mbps:g} MB/s between two namespaces" if net.use_ns else "loopback"
@@ -198,32 +186,7 @@ def main(argv=None) -> int:
             idle = rss(rpid)
             env = dict(os.environ, XDG_RUNTIME_DIR=work)
             t_launch = time.time()
-            for i in range(n):
-                if a.late and i == n - 1:
-                    time.sleep(a.late)
-                cmd = [PY, "-m", "automdt", "transfer", os.path.join(work, f"src{i:02d}"),
-                       f"{net.ip_r}:{port}/dst{i:02d}", "--secret-file", secret, "--json", "--memory", a.memory, "--chunk-size", a.chunk_size,
-                       "--log", os.path.join(work, f"s{i:02d}.log")]
-                pol = policies[i % len(policies)]
-                cmd += ["--policy", pol]
-                procs.append(subprocess.Popen(net.wrap("snd", cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                              text=True, env=env))
-            peak = idle
-            ends = [None] * n
-            outs = [None] * n
-            deadline = time.monotonic() + a.timeout
-            while any(e is None for e in ends) and time.monotonic() < deadline:
-                peak = max(peak, rss(rpid))
-                for i, p in enumerate(procs):
-                    if ends[i] is None and p.poll() is not None:
-                        ends[i] = time.time()
-                        outs[i] = p.communicate()
-                time.sleep(0.1)
-            for i, p in enumerate(procs):
-                if ends[i] is None:
-                    p.kill()
-                    outs[i] = p.communicate()
-                    ends[i] = time.time()
+            ends, outs, peak = _run_senders(a, net, work, port, secret, policies, env, rpid, idle, procs)
             sums = []
             for i, (out, err) in enumerate(outs):
                 try:
@@ -257,6 +220,82 @@ def main(argv=None) -> int:
                 recv.wait()
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
+    _summary(a, res, sums, codes, identical, ends, t_launch, idle, peak, staging_cap, metrics, window_jain, window,
+             late_rows)
+    ok = res["ok"]
+    _print(res)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0 if ok else 1
+
+
+def _prepare(a):
+    """A work directory with the receiver's root, a shared secret and one source tree per sender."""
+    work = tempfile.mkdtemp(prefix="amdt-i14-load-")
+    root = os.path.join(work, "root")
+    os.makedirs(root)
+    secret = os.path.join(work, "secret")
+    with open(secret, "wb") as f:
+        f.write(os.urandom(32).hex().encode())
+    os.chmod(secret, 0o600)
+    for i in range(a.senders):
+        make_tree(os.path.join(work, f"src{i:02d}"), a.files, int(a.mib * MiB), seed=1000 + i)
+    return work, root, secret
+
+
+def _budget(a, staging_cap, res):
+    """The receiver's budget options and the staging memory the daemon may hold: every session at
+    its own cap at once (``staging_cap``), or ``--total-memory`` when smaller."""
+    from automdt.units import parse_size
+
+    args = []
+    if a.total_memory:
+        args += ["--total-memory", a.total_memory]
+        staging_cap = min(staging_cap, parse_size(a.total_memory))
+        res["total_memory"] = parse_size(a.total_memory)
+    if a.total_threads:
+        args += ["--total-threads", str(a.total_threads)]
+        res["total_threads"] = int(a.total_threads)
+    return args, staging_cap
+
+
+def _run_senders(a, net, work, port, secret, policies, env, rpid, idle, procs):
+    """Start the senders (the last ``--late`` seconds after the others), appending them to
+    ``procs``; wait for them (``--timeout``) while sampling the receiver's memory. Returns each
+    one's end time and output, and the receiver's peak RSS."""
+    n = a.senders
+    for i in range(n):
+        if a.late and i == n - 1:
+            time.sleep(a.late)
+        cmd = [PY, "-m", "automdt", "transfer", os.path.join(work, f"src{i:02d}"), f"{net.ip_r}:{port}/dst{i:02d}",
+               "--secret-file", secret, "--json", "--memory", a.memory, "--chunk-size", a.chunk_size,
+               "--log", os.path.join(work, f"s{i:02d}.log"), "--policy", policies[i % len(policies)]]
+        procs.append(subprocess.Popen(net.wrap("snd", cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env))
+    peak = idle
+    ends = [None] * n
+    outs = [None] * n
+    deadline = time.monotonic() + a.timeout
+    while any(e is None for e in ends) and time.monotonic() < deadline:
+        peak = max(peak, rss(rpid))
+        for i, p in enumerate(procs):
+            if ends[i] is None and p.poll() is not None:
+                ends[i] = time.time()
+                outs[i] = p.communicate()
+        time.sleep(0.1)
+    for i, p in enumerate(procs):
+        if ends[i] is None:
+            p.kill()
+            outs[i] = p.communicate()
+            ends[i] = time.time()
+    return ends, outs, peak
+
+
+def _summary(a, res, sums, codes, identical, ends, t_launch, idle, peak, staging_cap, metrics, window_jain, window,
+             late_rows):
+    """The run's figures into ``res`` (see the module's doc)."""
+    n = a.senders
     tput = [s["bytes"] / s["seconds"] if s.get("seconds") else 0.0 for s in sums]
     res.update({
         "exit_codes": codes, "all_exit_0": all(c == 0 for c in codes),
@@ -279,13 +318,9 @@ def main(argv=None) -> int:
     if a.late:
         share = (a.link_mbps * 1e6 if a.link_mbps > 0 else res["aggregate_MBps"] * 1e6) / n
         res["late_joiner"] = _late_joiner(late_rows, share)
-    ok = res["all_exit_0"] and res["trees_identical"] == n and res["within_memory_cap"] and res["still_serving"]
-    res["ok"] = bool(ok)
-    _print(res)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=2)
-    return 0 if ok else 1
+    res["ok"] = bool(res["all_exit_0"] and res["trees_identical"] == n and res["within_memory_cap"]
+                     and res["still_serving"])
+    return res
 
 
 def _log_rows(path):

@@ -1,0 +1,99 @@
+"""Many jobs into one default receiver: do they keep the link full, share it evenly, let a late
+job in, and keep the daemon within its memory budget?
+
+Runs ``scripts/load_many_senders.py`` (one ``automdt receive``, N ``automdt transfer`` processes
+with the default controller, as root on a ``tc tbf`` link between two network namespaces):
+
+* 1, 2, 4 and 8 equal jobs moving the same total (``--total-mib``, split evenly): the aggregate
+  rate against one job alone, and Jain's index per period while at least 3/4 of them were active;
+* 4 jobs of which the last starts ``--late`` seconds after the others: how many intervals it
+  needs to reach 80% of its fair share;
+* 16 jobs each asking the receiver for 1 GiB of staging (``--memory``/``--max-memory`` 1Gi)
+  under ``--total-memory``: the daemon's resident memory growth against that budget.
+
+    .venv/bin/python benchmarks/bench_many_jobs.py --json benchmarks/results/many-jobs.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any, Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_file  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOAD = os.path.join(ROOT, "scripts", "load_many_senders.py")
+
+
+def _load(args: List[str]) -> Dict[str, Any]:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    try:
+        p = subprocess.run([sys.executable, LOAD, *args, "--json", out], capture_output=True, text=True,
+                           timeout=1800, cwd=ROOT)
+        if p.returncode not in (0, 1) or not os.path.getsize(out):
+            raise SystemExit(f"load_many_senders failed: {p.stdout[-1500:]}{p.stderr[-1500:]}")
+        with open(out) as f:
+            return json.load(f)
+    finally:
+        os.unlink(out)
+
+
+def main(argv: Any = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--link-mbps", type=float, default=20.0, help="the shared link, MB/s (default 20)")
+    ap.add_argument("--total-mib", type=int, default=400, help="MiB all jobs move together (default 400)")
+    ap.add_argument("--jobs", default="1,2,4,8", help="comma list of job counts (default 1,2,4,8)")
+    ap.add_argument("--late", type=float, default=8.0, help="seconds the late job starts after the others")
+    ap.add_argument("--budget", default="512Mi", help="--total-memory of the 16-job memory run (default 512Mi)")
+    ap.add_argument("--json", metavar="FILE", help="write a results file")
+    a = ap.parse_args(argv)
+    common = ["--link-mbps", str(a.link_mbps), "--policies", "default", "--files", "4", "--memory", "64Mi",
+              "--max-memory", "1Gi"]
+    rows: List[Dict[str, Any]] = []
+    alone = None
+    for n in [int(x) for x in a.jobs.split(",")]:
+        r = _load(["--senders", str(n), "--mib", str(a.total_mib // n), *common])
+        agg = r["aggregate_MBps"]
+        alone = agg if n == 1 else alone
+        jw = r.get("jain_common_window") or {}
+        rows.append({"run": f"{n} equal job{'s' if n > 1 else ''}", "ok": r["ok"],
+                     "aggregate_MBps": agg, "of_alone": round(agg / alone, 3) if alone else None,
+                     "jain": jw.get("mean_at_max") if n > 1 else None, "late_intervals": None,
+                     "rss_growth_MiB": r["receiver_rss_growth_MiB"], "cap_MiB": r["memory_cap_MiB"]})
+        print(json.dumps(rows[-1]), flush=True)
+    r = _load(["--senders", "4", "--mib", str(a.total_mib // 4), "--late", str(a.late), *common])
+    lj = r.get("late_joiner") or {}
+    jw = r.get("jain_common_window") or {}
+    rows.append({"run": f"4 jobs, the last {a.late:g} s late", "ok": r["ok"], "aggregate_MBps": r["aggregate_MBps"],
+                 "of_alone": round(r["aggregate_MBps"] / alone, 3) if alone else None, "jain": jw.get("mean_at_max"),
+                 "late_intervals": lj.get("intervals_to_80pct"), "rss_growth_MiB": r["receiver_rss_growth_MiB"],
+                 "cap_MiB": r["memory_cap_MiB"]})
+    print(json.dumps(rows[-1]), flush=True)
+    r = _load(["--senders", "16", "--mib", "48", "--link-mbps", str(a.link_mbps), "--policies", "default",
+               "--files", "4", "--memory", "1Gi", "--max-memory", "1Gi", "--total-memory", a.budget])
+    jw = r.get("jain_common_window") or {}
+    rows.append({"run": f"16 jobs asking 1 GiB each, --total-memory {a.budget}", "ok": r["ok"],
+                 "aggregate_MBps": r["aggregate_MBps"], "of_alone": None, "jain": jw.get("mean_at_max"),
+                 "late_intervals": None, "rss_growth_MiB": r["receiver_rss_growth_MiB"], "cap_MiB": r["memory_cap_MiB"]})
+    print(json.dumps(rows[-1]), flush=True)
+    if a.json:
+        cols = [("run", "run"), ("ok", "all exit 0, trees identical, memory within"), ("aggregate_MBps", "aggregate MB/s"),
+                ("of_alone", "/ one job alone"), ("jain", "Jain (periods with >= 3/4 active)"),
+                ("late_intervals", "late job: intervals to 80% of its share"),
+                ("rss_growth_MiB", "daemon RSS growth MiB"), ("cap_MiB", "memory cap MiB")]
+        results_file.write(
+            a.json, "Many jobs into one receiver",
+            f"one automdt receive and N automdt transfer (default controller) on a {a.link_mbps:g} MB/s tbf link "
+            f"between two network namespaces; {a.total_mib} MiB in all per run; one run each",
+            [results_file.table("many-jobs", "Jobs sharing one link and one receiver", cols, rows)])
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
