@@ -15,7 +15,8 @@ The contract it checks (the operator guide's "After a power cut"):
   rerun sends only the files that are not.
 
 ``python -m tests.faults.powerloss --points N`` runs N points spread over the transfer, the crash
-models and the ``--fsync`` settings, and writes every point and a summary as JSON.
+models, the ``--fsync`` settings and the datasets, writes every point and a summary as JSON and
+prints the points by setting and dataset as a table.
 """
 from __future__ import annotations
 
@@ -243,8 +244,24 @@ def main(argv: Optional[List[str]] = None) -> int:
                "resent_by_reruns": sum(r["rerun_sent"] or 0 for r in records)}
     with open(a.out, "w") as f:
         json.dump({"summary": summary, "points": records}, f, indent=1)
+    print(table(records))
     print(json.dumps(summary))
     return 1 if failed else 0
+
+
+def table(records: Sequence[Dict[str, Any]]) -> str:
+    """The points by --fsync setting and dataset: how many, how many broke the contract, files the
+    cuts left damaged or missing, and files the reruns sent (a Markdown table)."""
+    lines = ["| --fsync | dataset | points | after exit 0 | contract broken | damaged by the cut | missing after "
+             "the cut | sent by the reruns |", "|---|---|---|---|---|---|---|---|"]
+    for f in sorted({r["fsync"] for r in records}):
+        for d in sorted({r["dataset"] for r in records}):
+            rs = [r for r in records if r["fsync"] == f and r["dataset"] == d]
+            if rs:
+                lines.append(f"| {f} | {d} | {len(rs)} | {sum(r['cut_at'] is None for r in rs)} | "
+                             f"{sum(not r['ok'] for r in rs)} | {sum(r['damaged_after_cut'] for r in rs)} | "
+                             f"{sum(r['missing_after_cut'] for r in rs)} | {sum(r['rerun_sent'] or 0 for r in rs)} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
