@@ -126,13 +126,13 @@ class Controller:
         self._warm = False
         self._t_base = 0.0
         self.tail = False
-        """Set by the sender once the source is read to the end: the buffers drain and the policy
-        is no longer asked (see :meth:`tick`)."""
+        """The source is read to the end (the last :class:`Progress` given to :meth:`tick`): the
+        buffers drain and the policy is no longer asked."""
         self.to_deliver: Optional[int] = None
-        """Set by the sender: bytes the run has still to write at the destination (None: unknown).
-        While they would be written within one ``interval_s`` at the last interval's write rate,
-        the policy is not asked either (:meth:`tick`: the run is ending; ``end_hold`` of
-        :class:`ControllerSettings`)."""
+        """Bytes the run has still to write at the destination (the last :class:`Progress`; None:
+        unknown). While they would be written within one ``interval_s`` at the last interval's
+        write rate, the policy is not asked either (:meth:`tick`: the run is ending; ``end_hold``
+        of :class:`ControllerSettings`)."""
         self.end_hold = self.settings.end_hold
         self.failures: Dict[str, int] = {}
         """Failed intervals of the policy by kind of failure (``"ValueError"``, ``"bad triple"``)."""
@@ -196,10 +196,12 @@ class Controller:
 
     def tick(self, sender_stats: "SenderStats", receiver_stats: Optional["ReceiverStats"],
              now: Optional[float] = None, loss: Optional[float] = None,
-             final: bool = False) -> Optional[IntervalRecord]:
+             final: bool = False, progress: Optional["Progress"] = None) -> Optional[IntervalRecord]:
         """Called often; acts once an interval has passed. Returns the interval record if it acted.
 
         ``receiver_stats``: the receiver's last counters, None before its first ``status`` reply.
+        ``progress``: where the run is as its sender sees it (:class:`Progress`), kept as
+        :attr:`tail` and :attr:`to_deliver`; None keeps the last one.
         ``loss`` overrides the network loss ratio, which is otherwise the share of TCP segments
         the data connections retransmitted in the interval (the sender's TCP_INFO counters).
         ``final``: the run ended; the partial interval since the last record goes to the log file
@@ -218,6 +220,8 @@ class Controller:
         write rate (``"ending": true``; ``end_hold`` of :class:`ControllerSettings`): a change then
         has no time to pay back what it costs, since new threads start with an empty pipeline."""
         now = time.monotonic() if now is None else now
+        if progress is not None:
+            self.tail, self.to_deliver = progress.tail, progress.to_deliver
         measured = self._measure(sender_stats, receiver_stats, now, loss, final)
         if measured is None:
             return None
@@ -376,6 +380,15 @@ def default_early_intervals(policy: Any, interval_s: float,
     if not takes_start(policy):
         return ()
     return tuple(min(1.0, float(f)) * interval_s for f in fractions if float(f) > 0)
+
+
+class Progress(NamedTuple):
+    """Where a run is, as its sender sees it, for :meth:`Controller.tick`."""
+
+    tail: bool
+    """Every byte of the source has been read; what is left drains from the staging buffers."""
+    to_deliver: Optional[int]
+    """Bytes still to write at the destination (None: unknown, no receiver counters yet)."""
 
 
 class StageSeconds(NamedTuple):

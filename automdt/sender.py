@@ -21,7 +21,7 @@ import zmq
 
 from automdt import errors, interrupts, protocol
 from automdt.agents.static import StaticPolicy
-from automdt.controller import Controller, ControllerSettings
+from automdt.controller import Controller, ControllerSettings, Progress
 from automdt.errors import AutomdtError, Interrupted
 from automdt.interval import IntervalRecord
 from automdt.manifest import Manifest, file_digest, scan, shard_manifest
@@ -710,10 +710,11 @@ class _Transfer:
             self._engine_events()
             st = self.engine.stats()
             written = self._watch(st, now)
-            ctrl.tail = not self.pending and st.read.bytes >= self.bytes_queued
             rx = self.receiver_stats
-            ctrl.to_deliver = None if rx is None else max(0, self.bytes_queued + self.pending_bytes - rx.write.bytes)
-            ctrl.tick(st, self.receiver_stats, now)
+            progress = Progress(tail=not self.pending and st.read.bytes >= self.bytes_queued,
+                                to_deliver=None if rx is None else
+                                max(0, self.bytes_queued + self.pending_bytes - rx.write.bytes))
+            ctrl.tick(st, rx, now, progress=progress)
             self._report(ctrl, written)
             time.sleep(self._pause(now))
         self._poll()  # the last word: errors of files that failed as they were activated, the final counters

@@ -248,8 +248,8 @@ def test_the_end_hold_can_be_turned_off_for_comparisons():
 
 
 def test_the_sender_tells_the_controller_what_is_left_to_deliver(tmp_path, monkeypatch):
-    """A real local transfer: at every interval the controller's ``to_deliver`` is the bytes to
-    send less what the receiver has written, from all of it to nothing."""
+    """A real local transfer: at every tick the sender's :class:`Progress` says the bytes to send
+    less what the receiver has written, from all of it to nothing."""
     from automdt import controller as ctl
     from automdt.sender import TransferOptions, run_transfer
 
@@ -261,8 +261,9 @@ def test_the_sender_tells_the_controller_what_is_left_to_deliver(tmp_path, monke
     tick = ctl.Controller.tick
 
     def spy(self, sender_stats, receiver_stats, *a, **kw):
+        progress = kw.get("progress")
         if receiver_stats is not None and not kw.get("final"):
-            seen.append((self.to_deliver, receiver_stats.write.bytes))
+            seen.append((progress.to_deliver if progress else None, receiver_stats.write.bytes))
         return tick(self, sender_stats, receiver_stats, *a, **kw)
 
     monkeypatch.setattr(ctl.Controller, "tick", spy)
