@@ -15,6 +15,22 @@ from tests.faults.powerloss import _command, _env, make_source, tree_digests
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 
 
+def _fault_during(cmd, state, at, fault):
+    """Run ``cmd`` (a transfer), bring on ``fault`` ``at`` seconds in, wait for the exit: its code,
+    stdout and stderr."""
+    proc = subprocess.Popen(cmd, env=_env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(at)
+        assert proc.poll() is None, "the transfer ended before the fault"
+        fault()
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, err
+
+
 @pytest.mark.parametrize("fsync,fail_at", [("end", 1.0), ("file", 1.5)])
 def test_a_disk_that_fails_mid_transfer_stops_the_run_and_the_rerun_repairs(tmp_path, fsync, fail_at):
     src = str(tmp_path / "src")
@@ -23,18 +39,9 @@ def test_a_disk_that_fails_mid_transfer_stops_the_run_and_the_rerun_repairs(tmp_
     with CrashDisk(str(tmp_path / "disk"), fs_mode="ordered") as disk:
         dest = os.path.join(disk.mount(), "dest")
         cmd = _command(src, dest, fsync, "4M")
-        proc = subprocess.Popen(cmd, env=_env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            time.sleep(fail_at)
-            assert proc.poll() is None, "the transfer ended before the disk failed"
-            disk.fail()
-            out, err = proc.communicate(timeout=90)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        code, out, err = _fault_during(cmd, state, fail_at, disk.fail)
         summary = json.loads(out)
-        assert proc.returncode == 7 and summary["exit_code"] == 7, err
+        assert code == 7 and summary["exit_code"] == 7, err
         assert "Read-only file system" in err or "Input/output error" in err, err
         assert summary["files_transferred"] < len(digests)
         assert "Traceback" not in err
@@ -73,19 +80,10 @@ def test_a_disk_that_fills_up_mid_transfer_stops_the_run_and_the_rerun_finishes(
         mnt = disk.mount()
         dest = os.path.join(mnt, "dest")
         cmd = _command(src, dest, "end", "3M")
-        proc = subprocess.Popen(cmd, env=_env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         filler = os.path.join(mnt, "filler")
-        try:
-            time.sleep(fill_at)
-            assert proc.poll() is None, "the transfer ended before the disk filled"
-            _fill(filler)
-            out, err = proc.communicate(timeout=90)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        code, out, err = _fault_during(cmd, state, fill_at, lambda: _fill(filler))
         summary = json.loads(out)
-        assert proc.returncode == 7, err
+        assert code == 7, err
         assert "No space left on device" in err and "Traceback" not in err, err
         assert "MB free, this run has" in err and dest in err, err  # the space, where it ran out
         done = tree_digests(dest)
