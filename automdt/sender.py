@@ -412,9 +412,9 @@ class _Transfer:
         self.codes: List[int] = _scan_errors(manifest, self.summary)
         # what the handshake agreed (see _handshake)
         self.opened = False
+        """The receiver opened a session (closed again at shutdown)."""
         self.transferred = False
         """The control loop ended with every planned file complete or failed (not interrupted)."""
-        """The receiver opened a session (closed again at shutdown)."""
         self.token = b""
         """The data connections' token."""
         self.tls_key: Optional[bytes] = None
