@@ -240,6 +240,10 @@ def _receive_parser(sub) -> None:
     r.add_argument("--total-threads", type=A.integer(1, 100_000), default=256, metavar="N",
                    help="write threads of all sessions together, divided the same way, at least one each "
                         "(default 256)")
+    r.add_argument("--total-connections", type=A.integer(1, 100_000), default=64, metavar="N",
+                   help="data connections (the senders' network threads) of all sessions together, divided the "
+                        "same way: each sender's controller keeps its network threads within its share, so jobs "
+                        "sharing a link share it evenly instead of outbidding each other (default 64)")
     r.add_argument("--idle-timeout", type=A.seconds(1.0, lo_open=False), default=60.0, metavar="SECONDS",
                    help="close a session silent this long, keeping its partial files (default 60)")
     r.add_argument("--log-file", metavar="F", type=A.nonempty,
@@ -742,7 +746,7 @@ def cmd_receive(args) -> int:
                                 max_memory=max_memory, idle_timeout_s=args.idle_timeout, encrypt=args.encrypt,
                                 max_sessions=args.max_sessions, metrics=metrics,
                                 total_memory=parse_size(args.total_memory, "memory"),
-                                total_threads=args.total_threads)
+                                total_threads=args.total_threads, total_connections=args.total_connections)
     except AutomdtError:
         if metrics is not None:
             metrics.close()

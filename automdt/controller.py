@@ -107,6 +107,9 @@ class Controller:
             if takes_start(self.policy):
                 self.limit = max(1, min(max_threads, int(bound)))
         self.write_max = max(1, int(write_max)) if write_max else None
+        self.share: Optional[Tuple[int, int]] = None
+        """The receiver's share for this run, ``(network threads, write threads)``
+        (:meth:`set_share`); None: no share known (a local run, an older receiver)."""
         if early_intervals is None:
             early_intervals = default_early_intervals(policy, interval_s, self.settings.early_intervals)
         self.early_intervals: Tuple[float, ...] = tuple(min(float(x), interval_s) for x in early_intervals)
@@ -145,7 +148,26 @@ class Controller:
 
     def _clamp(self, t: Any, limit: int) -> Triple:
         r, n, w = clamp_triple(t, limit)
-        return (r, n, min(w, self.write_max)) if self.write_max is not None else (r, n, w)
+        if self.write_max is not None:
+            w = min(w, self.write_max)
+        if self.share is not None:
+            n, w = min(n, self.share[0]), min(w, self.share[1])
+        return r, n, w
+
+    def set_share(self, connections: int, write_threads: int) -> None:
+        """Keep the network and write counts within the receiver's share of its budget
+        (``--total-connections``, ``--total-threads``, divided among the jobs it serves): the
+        counts the policy asks for are clamped to it from now on, and counts already running
+        above a smaller share come down at once, before the policy is next asked."""
+        share = (max(1, int(connections)), max(1, int(write_threads)))
+        if share == self.share:
+            return
+        self.share = share
+        if self.history or self.start_record is not None:  # started: bring what runs within it
+            held = self._clamp(self.threads, self.max_threads)
+            if held != self.threads:
+                self.threads = held
+                self.apply(held)
 
     def start(self) -> Triple:
         """Reset the policy, apply the start triple, and log where it came from.

@@ -76,6 +76,18 @@ def _omit(when: Any = None, default: Any = None) -> Any:
     return field(default=default, metadata={"omit": when})
 
 
+def _share(v: Any) -> Optional[List[int]]:
+    """A budget share ``[connections, write threads]`` from the wire: two counts of at least one,
+    or None (an older receiver, or a malformed value, which the sender then ignores)."""
+    if not isinstance(v, (list, tuple)) or len(v) != 2:
+        return None
+    try:
+        out = [int(x) for x in v]
+    except (TypeError, ValueError):
+        return None
+    return out if all(x >= 1 for x in out) else None
+
+
 @dataclass
 class Message:
     TYPE: ClassVar[str] = ""
@@ -140,11 +152,14 @@ class Opened(Message):
     encrypted: bool = False
     runtime_throttle: bool = False
     """The receiver applies ``poll {write_throttle}`` (throttle schedules)."""
+    share: Optional[List[int]] = _omit()
+    """``[connections, write threads]``: the session's share of the receiver's budget at open
+    (a receiver without a budget omits it)."""
 
     @classmethod
     def from_dict(cls, d):
         return cls(int(d["data_port"]), int(d["chunk_size"]), int(d.get("memory", 0)), int(d.get("max_threads", 0)),
-                   bool(d.get("encrypted")), bool(d.get("runtime_throttle")))
+                   bool(d.get("encrypted")), bool(d.get("runtime_throttle")), _share(d.get("share")))
 
 
 @dataclass
@@ -184,11 +199,14 @@ class Status(Message):
     """``[exit code, message]``: the transfer cannot go on (a full destination)."""
     now: float = 0.0
     """The receiver's ``time.monotonic()``."""
+    share: Optional[List[int]] = _omit()
+    """``[connections, write threads]``: the session's share of the receiver's budget now; it
+    shrinks when other sessions open and grows when they close."""
 
     @classmethod
     def from_dict(cls, d):
         return cls(d.get("stats") or {}, d.get("done", []), d.get("bad", []), d.get("errors", []),
-                   d.get("fatal") or None, float(d.get("now", 0.0)))
+                   d.get("fatal") or None, float(d.get("now", 0.0)), _share(d.get("share")))
 
 
 @dataclass

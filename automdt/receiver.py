@@ -20,7 +20,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import zmq
 
@@ -33,8 +33,23 @@ TOTAL_MEMORY = 4 << 30
 """Staging memory of all sessions of one receiver together (``--total-memory``), bytes."""
 TOTAL_THREADS = 256
 """Write threads of all sessions of one receiver together (``--total-threads``)."""
+TOTAL_CONNECTIONS = 64
+"""Data connections of all sessions of one receiver together (``--total-connections``): the
+senders' network threads, one TCP connection each."""
 
-__all__ = ["ReceiverServer", "Session", "SessionError", "is_loopback"]
+
+class Share(NamedTuple):
+    """One open session's share of the receiver's budget (:meth:`ReceiverServer.shares`)."""
+
+    memory: int
+    """Staging buffer, bytes."""
+    threads: int
+    """Write threads."""
+    connections: int
+    """Data connections, that is the sender's network threads (its controller is told in every
+    ``status`` reply and keeps its network count within it)."""
+
+__all__ = ["ReceiverServer", "Share", "Session", "SessionError", "is_loopback"]
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +109,18 @@ class ReceiverServer:
         hold an equal share (:meth:`shares`), re-divided whenever one opens or closes.
     :param total_threads: write threads of all sessions together, divided the same way (each
         session keeps at least one).
+    :param total_connections: data connections of all sessions together, divided the same way.
+        Each sender's controller raises its network threads for its own transfer; on a link
+        several jobs share, TCP shares it per connection, so one job's extra connections take the
+        others' rate, every job adds more and the receiver drowns in connections. The share keeps
+        the sum bounded while giving each job the same number.
     """
 
     def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
                  max_threads: int = 64, max_memory: int = 1 << 30, idle_timeout_s: float = 60.0,
                  max_files: int = 10_000_000, max_sessions: int = 16, encrypt: bool = False,
                  metrics: Any = None, embedded: bool = False, total_memory: int = TOTAL_MEMORY,
-                 total_threads: int = TOTAL_THREADS):
+                 total_threads: int = TOTAL_THREADS, total_connections: int = TOTAL_CONNECTIONS):
         check_root(root, writable=False)
         if secret is None and not is_loopback(host):
             raise errors.AutomdtError(
@@ -120,6 +140,7 @@ class ReceiverServer:
         self.max_sessions = max_sessions
         self.total_memory = total_memory
         self.total_threads = total_threads
+        self.total_connections = total_connections
         self._shared_by = 0
         """Open sessions when the budget was last divided."""
         import resource
@@ -192,11 +213,11 @@ class ReceiverServer:
     def clamp_threads(self, n: int) -> int:
         return max(1, min(int(n), self.max_threads))
 
-    def shares(self, joining: int = 0) -> Tuple[int, int]:
-        """Each open session's share of the budget: ``(memory bytes, write threads)``, with
-        ``joining`` more sessions counted (one about to open)."""
+    def shares(self, joining: int = 0) -> Share:
+        """Each open session's share of the budget, with ``joining`` more sessions counted (one
+        about to open)."""
         n = max(1, sum(1 for s in self.sessions.values() if s.engine is not None) + joining)
-        return self.total_memory // n, max(1, self.total_threads // n)
+        return Share(self.total_memory // n, max(1, self.total_threads // n), max(1, self.total_connections // n))
 
     def rebalance(self) -> None:
         """Divide the budget again when sessions opened or closed since the last division: every
@@ -205,9 +226,9 @@ class ReceiverServer:
         if len(open_now) == self._shared_by:
             return
         self._shared_by = len(open_now)
-        memory, threads = self.shares()
+        share = self.shares()
         for s in open_now:
-            s.apply_share(memory, threads)
+            s.apply_share(share)
 
     def serve_forever(self, stop: Optional[threading.Event] = None) -> None:
         stop = stop or self._stop

@@ -379,7 +379,7 @@ def _run_once(src: str, dest: str, opts: TransferOptions) -> Summary:
         memory, threads = max(opts.memory, LOCAL_MIN_MEMORY), max(64, opts.max_threads)
         server = ReceiverServer(where, "127.0.0.1", 0, secret=secret, max_threads=threads, max_memory=memory,
                                 encrypt=opts.encrypt, embedded=True, total_memory=memory,
-                                total_threads=threads).start()
+                                total_threads=threads, total_connections=threads).start()
         host, port, subdir = "127.0.0.1", server.port, ""
     else:
         (host, port), subdir = remote, where
@@ -443,6 +443,9 @@ class _Transfer:
         self.receiver_stats: Optional[ReceiverStats] = None
         """The receiver's counters from its last ``status`` reply (None before the first)."""
         self.receiver_max_threads: Optional[int] = None
+        self.share: Optional[List[int]] = None
+        """The receiver's share for this run, ``[connections, write threads]`` (its budget
+        divided among the jobs it serves; None: it sends none)."""
         """The receiver clamps write threads to this (its ``--max-threads``, from ``opened``)."""
         self.write_threads_sent: Optional[int] = None
         self.want_write: Optional[int] = None
@@ -615,6 +618,7 @@ class _Transfer:
             self.data_host, self.data_port = self.o.data_endpoint_hook(self.host, self.data_port)
         self.chunk_size = r.chunk_size
         self.receiver_max_threads = r.max_threads or None
+        self.share = r.share
 
     def _plan(self) -> None:
         files = self.m.files
@@ -763,6 +767,10 @@ class _Transfer:
 
             ctrl.annotations["throttle"] = format_throttle(self.limits)
         ctrl.start_notes["chunk_bytes"] = self.chunk_size
+        if self.share:
+            ctrl.set_share(*self.share)
+            if self.share[0] < self.o.max_threads or self.share[1] < (self.receiver_max_threads or self.share[1] + 1):
+                ctrl.start_notes["receiver_share"] = list(self.share)  # it bounds this run
         to_send = sum(self.m.files[i].size for i in self.pending)
         if 0 < to_send <= self.o.memory:
             ctrl.start_notes["fits_in_buffers"] = (
@@ -880,6 +888,10 @@ class _Transfer:
 
         r = self.ctl.call(req)
         self.receiver_stats = ReceiverStats.from_json(r.stats) if r.stats else None
+        if r.share and r.share != self.share:
+            self.share = r.share
+            if self.controller is not None:
+                self.controller.set_share(*r.share)
         for fid in r.done:
             if self.active.pop(fid, None) is not None:
                 self.summary.files_transferred += 1

@@ -138,6 +138,9 @@ class Session:
         receiver's budget gives it now."""
         self.threads_asked = 1
         """The write threads the sender last asked for."""
+        self.share: Any = None
+        """This session's share of the receiver's budget (:class:`automdt.receiver.Share`), set
+        by :meth:`apply_share`; ``status`` replies carry its connections and write threads."""
         self.root: Optional[SafeRoot] = None
         self.base: Tuple[str, ...] = ()
         self.chunk_size = 0
@@ -266,11 +269,10 @@ class Session:
         key = protocol.data_key(srv.secret, self.server_nonce, self.client_nonce) if encrypt else None
         wt = (int(req.write_throttle[0]), int(req.write_throttle[1]))
         self.memory_asked, self.threads_asked = memory, int(req.write_threads)
-        share_memory, _ = srv.shares(joining=1)
-        self.memory_now = max(chunk, min(memory, share_memory))
+        self.memory_now = max(chunk, min(memory, srv.shares(joining=1).memory))
         self.engine = Receiver(srv.host, 0, self.token, chunk, self.memory_now, max_threads=srv.max_threads,
                                write_throttle=wt, rcvbuf=req.rcvbuf or 0, tls_key=key)
-        self.apply_share(*srv.shares())
+        self.apply_share(srv.shares())
         if self.fsync != "none" and not self.dry_run:
             # the write-back starts as chunks land, so the durable point at the end (or each
             # file's fsync) waits for what is left, not for everything
@@ -280,19 +282,28 @@ class Session:
         log.info("session %s%s opened: into %s%s (chunk %d, buffer %d bytes%s%s)", self.sid,
                  f" from {self.peer}" if self.peer else "", srv.root, "/" + "/".join(self.base) if self.base else "",
                  chunk, memory, ", encrypted" if encrypt else "", ", dry run" if self.dry_run else "")
-        return protocol.Opened(self.engine.port, chunk, memory, srv.max_threads, encrypt, runtime_throttle=True)
+        return protocol.Opened(self.engine.port, chunk, memory, srv.max_threads, encrypt, runtime_throttle=True,
+                               share=self._share_reply())
 
-    def apply_share(self, memory: int, threads: int) -> None:
-        """Hold this session to its share of the receiver's budget (``memory`` bytes of staging
-        buffer, ``threads`` write threads; :meth:`automdt.receiver.ReceiverServer.shares`): what
-        its sender asks for, never more than the share."""
+    def apply_share(self, share: Any) -> None:
+        """Hold this session to its share of the receiver's budget (a
+        :class:`automdt.receiver.Share` from :meth:`automdt.receiver.ReceiverServer.shares`): the
+        staging buffer and write threads its sender asks for, never more than the share; the
+        share's connections reach the sender with the next ``status``."""
+        self.share = share
         if self.engine is None:
             return
-        mem = max(self.chunk_size, min(self.memory_asked, memory))
+        mem = max(self.chunk_size, min(self.memory_asked, share.memory))
         if mem != self.memory_now:
             self.engine.set_memory(mem)
             self.memory_now = mem
-        self.engine.set_threads(self.server.clamp_threads(min(self.threads_asked, threads)))
+        self.engine.set_threads(self.server.clamp_threads(min(self.threads_asked, share.threads)))
+
+    def _share_reply(self) -> Optional[List[int]]:
+        """``[connections, write threads]`` of the session's share, for ``opened`` and ``status``."""
+        if self.share is None:
+            return None
+        return [int(self.share.connections), self.server.clamp_threads(self.share.threads)]
 
     def _open_destination(self, where: str) -> None:
         """Open the root and the session's subdirectory (created unless a dry run) and make sure a
@@ -622,14 +633,14 @@ class Session:
     def _poll(self, req: protocol.Poll) -> protocol.Status:
         if req.write_threads is not None:
             self.threads_asked = int(req.write_threads)
-            self.apply_share(*self.server.shares())
+            self.apply_share(self.server.shares())
         if req.write_throttle is not None:  # a throttle schedule's entry became due
             t, total = (max(0, x) for x in req.write_throttle)
             self.engine.set_throttle("write", t, total)
         self.pump()
         st = self.engine.stats()
         reply = protocol.Status(st.to_json(), self.done, self.bad, self.file_errors,
-                                list(self.fatal) if self.fatal else None, time.monotonic())
+                                list(self.fatal) if self.fatal else None, time.monotonic(), self._share_reply())
         self.done, self.bad, self.file_errors = [], [], []
         return reply
 

@@ -69,6 +69,7 @@ BAD = {
                 "--max-memory": ["0", "-1", "x", "1K", ""], "--idle-timeout": SECONDS_POS, "--log-file": OUT_FILE,
                 "--metrics": ["x", "127.0.0.1:99999", ""], "--max-sessions": ["0", "-1", "x", ""],
                 "--total-memory": ["0", "-1", "x", "1K", ""], "--total-threads": ["0", "-1", "x", ""],
+                "--total-connections": ["0", "-1", "x", ""],
                 "--switch": SWITCH},
     "demo": {"--dir": [PROCFILE, PLAIN, ""], "--size": ["0", "-1", "x", "1K", ""], "--threads": THREADS},
     "explore": {**{k: v for k, v in ENGINE.items() if k != "--threads"}, "--duration": SECONDS_POS + ["1"], "-o": OUT_FILE, "--seed": ["-1", "x", ""]},

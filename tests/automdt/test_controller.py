@@ -93,6 +93,37 @@ def test_the_policy_sees_and_the_log_shows_the_counts_the_engines_run():
     assert c.running(_stats(1.0, 0, 0, 0, threads=(8, 8)), None) == (8, 8, 2)
 
 
+def test_the_receivers_share_bounds_network_and_write_counts_and_follows_it_both_ways():
+    """A receiver serving several jobs gives each a share of its connections and write threads: the
+    controller starts within it, brings running counts down at once when it shrinks (another job
+    joined), and lets the policy have more again when it grows (a job ended)."""
+
+    class Greedy(Recorder):
+        def reset(self, max_threads, seed=None):
+            return (4, 16, 16)
+
+        def act(self, obs):
+            self.seen.append(obs)
+            return (6, 16, 16)
+
+    pol, applied = Greedy(), []
+    c = Controller(pol, applied.append, interval_s=1.0, max_threads=32)
+    c.set_share(8, 12)
+    assert c.start() == (4, 8, 12) and applied == [(4, 8, 12)]
+    c.set_share(3, 5)  # more jobs: what runs comes down before the policy is asked again
+    assert applied[-1] == (4, 3, 5) and c.threads == (4, 3, 5)
+    c.tick(_stats(0.0, 0, 0, 0, threads=(4, 3)), _rx(0, write_threads=5), now=10.0)
+    rec = c.tick(_stats(1.0, 1 << 20, 0, 0, threads=(4, 3)), _rx(1 << 20, write_threads=5), now=11.0)
+    assert rec.next_threads == (6, 3, 5) and applied[-1] == (6, 3, 5)
+    n = len(applied)
+    c.set_share(3, 5)  # the same share again: nothing to do
+    assert len(applied) == n
+    c.set_share(20, 20)  # jobs ended: nothing forced up, the policy's next ask gets its 16s
+    assert len(applied) == n
+    rec = c.tick(_stats(2.0, 2 << 20, 0, 0, threads=(6, 3)), _rx(2 << 20, write_threads=5), now=12.0)
+    assert rec.next_threads == (6, 16, 16)
+
+
 def test_receiver_stats_cross_the_control_channel_typed():
     """What the receiver puts in its ``status`` reply is what the sender reads back, field for field;
     a counter an older receiver does not send reads as 0."""

@@ -53,6 +53,9 @@ REPLIES = [
     (protocol.Opened(40000, 1 << 20, 64 << 20, 64, False, runtime_throttle=True),
      {"type": "opened", "data_port": 40000, "chunk_size": 1 << 20, "memory": 64 << 20, "max_threads": 64,
       "encrypted": False, "runtime_throttle": True}),
+    (protocol.Opened(40000, 1 << 20, 64 << 20, 64, False, runtime_throttle=True, share=[16, 64]),
+     {"type": "opened", "data_port": 40000, "chunk_size": 1 << 20, "memory": 64 << 20, "max_threads": 64,
+      "encrypted": False, "runtime_throttle": True, "share": [16, 64]}),
     (protocol.Plan([(0, "skip"), (1, "send"), (2, "done"), (3, "fail")]),
      {"type": "plan", "files": [[0, "skip"], [1, "send"], [2, "done"], [3, "fail"]]}),
     (protocol.Activated([(1, "send", [[0, 10], [30, 5]]), (2, "done", []), (3, "fail", [])]),
@@ -63,6 +66,9 @@ REPLIES = [
     (protocol.Status({}, [], [], [], [7, "f: No space left on device"], 1.0),
      {"type": "status", "stats": {}, "done": [], "bad": [], "errors": [], "fatal": [7, "f: No space left on device"],
       "now": 1.0}),
+    (protocol.Status({}, [], [], [], None, 2.0, [8, 32]),
+     {"type": "status", "stats": {}, "done": [], "bad": [], "errors": [], "fatal": None, "now": 2.0,
+      "share": [8, 32]}),
     (protocol.MissingRanges({"4": [[0, 4096]]}), {"type": "missing", "files": {"4": [[0, 4096]]}}),
     (protocol.Ok(), {"type": "ok"}),
     (protocol.Digests({"a": "ff", "b": None}, {"b": "permission denied"}),
@@ -144,3 +150,13 @@ def test_a_destination_gone_read_only_mid_transfer_is_fatal_but_not_at_open():
 
 def test_from_oserror_without_errno():
     assert errors.from_oserror(OSError("no errno"), source=True) == errors.FILES_FAILED
+
+
+@pytest.mark.parametrize("wire", [None, [], [8], [8, 32, 1], ["x", 2], [0, 4], [4, -1], "8,32", {"a": 1}])
+def test_a_malformed_share_is_ignored_not_obeyed(wire):
+    """A sender keeps its own bounds when a receiver's share is missing or makes no sense (never a
+    zero or negative thread count from the wire)."""
+    d = {"type": "status", "stats": {}, "now": 1.0}
+    if wire is not None:
+        d["share"] = wire
+    assert protocol.Status.from_dict(d).share is None

@@ -1,6 +1,7 @@
-"""One receiver, several senders at once, within one budget: the staging memory and the write
-threads of all sessions together stay within --total-memory and --total-threads, shared evenly
-and given back as sessions end; every tree arrives whole."""
+"""One receiver, several senders at once, within one budget: the staging memory, the write
+threads and the data connections of all sessions together stay within --total-memory,
+--total-threads and --total-connections, shared evenly and given back as sessions end; every tree
+arrives whole."""
 import os
 import threading
 import time
@@ -26,7 +27,7 @@ def _open_engines(srv):
 
 
 def test_many_sessions_share_the_receivers_budget_and_get_it_back(tmp_path):
-    budget_memory, budget_threads, senders = 6 * MiB, 6, 3
+    budget_memory, budget_threads, budget_connections, senders = 6 * MiB, 6, 6, 3
     root = tmp_path / "root"
     root.mkdir()
     srcs = []
@@ -37,13 +38,17 @@ def test_many_sessions_share_the_receivers_budget_and_get_it_back(tmp_path):
             (src / f"f{j}.bin").write_bytes(os.urandom(6 * MiB))
         srcs.append(src)
     srv = ReceiverServer(str(root), "127.0.0.1", 0, max_threads=16, max_memory=8 * MiB,
-                         total_memory=budget_memory, total_threads=budget_threads).start()
+                         total_memory=budget_memory, total_threads=budget_threads,
+                         total_connections=budget_connections).start()
     results = [None] * senders
+    asked = [[] for _ in range(senders)]  # (time, network threads its controller applied), per sender
     worst = {"memory": 0, "threads": 0, "sessions": 0}
+    all_open_since, moments = None, []
     try:
         def send(i):
-            opts = TransferOptions(threads=(2, 2, 8), memory=8 * MiB, chunk_size=MiB,
-                                   throttle={"write": (2 * MiB, 0)})
+            opts = TransferOptions(threads=(2, 4, 8), memory=8 * MiB, chunk_size=MiB,
+                                   throttle={"write": (2 * MiB, 0)},
+                                   progress=lambda summary, ctrl: asked[i].append((time.monotonic(), ctrl.threads[1])))
             results[i] = run_transfer(str(srcs[i]), f"127.0.0.1:{srv.port}/d{i}", opts)
 
         threads = [threading.Thread(target=send, args=(i,)) for i in range(senders)]
@@ -55,18 +60,26 @@ def test_many_sessions_share_the_receivers_budget_and_get_it_back(tmp_path):
             worst["sessions"] = max(worst["sessions"], len(stats))
             worst["memory"] = max(worst["memory"], sum(st.buffer.capacity_bytes for st in stats))
             worst["threads"] = max(worst["threads"], sum(st.write.threads_target for st in stats))
+            # a sender hears of a smaller share with its next poll (every few ms)
+            all_open_since = (all_open_since or time.monotonic()) if len(stats) == senders else None
+            if all_open_since is not None and time.monotonic() - all_open_since > 0.3:
+                moments.append(time.monotonic())
             time.sleep(0.02)
         for t in threads:
             t.join()
         assert worst["sessions"] == senders, worst  # they did run at once
         assert worst["memory"] <= budget_memory and worst["threads"] <= budget_threads, worst
+        # each asked for 4 network threads; together they run within the 6 connections
+        running = [sum(next((n for t, n in reversed(a) if t <= m), 0) for a in asked) for m in moments]
+        assert moments and max(running) <= budget_connections, running
         for i, r in enumerate(results):
             assert r.exit_code == 0, r.errors
             assert trees_identical(str(srcs[i]), str(root / f"d{i}"))
         # alone again, a session gets the whole budget
-        assert srv.shares() == (budget_memory, budget_threads)
+        assert srv.shares() == (budget_memory, budget_threads, budget_connections)
         alone = run_transfer(str(srcs[0]), f"127.0.0.1:{srv.port}/alone",
-                             TransferOptions(threads=(2, 2, 8), memory=8 * MiB, chunk_size=MiB))
+                             TransferOptions(threads=(2, 4, 8), memory=8 * MiB, chunk_size=MiB))
         assert alone.exit_code == 0
+        assert alone.start["threads"]["net"] == 4 and alone.start["receiver_share"] == [6, 6]  # its own count
     finally:
         srv.stop()

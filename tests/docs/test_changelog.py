@@ -4,8 +4,6 @@ import re
 import subprocess
 import tomllib
 
-import pytest
-
 from automdt import __version__
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
