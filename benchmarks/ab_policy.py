@@ -175,6 +175,74 @@ def _train(ctx: bp.Ctx, path: Any, name: str) -> str:
     return pol
 
 
+def _section(ctx: Any, ab: "AB", sec: str, rep: int, cases: Sequence[Any], data: Dict[int, Any],
+             trained: Dict[str, str]) -> None:
+    """One round of one section (``ramp``, ``warm`` or ``sustained``): each case with A, then B."""
+    from automdt.experiments.behaviour import bottleneck_index, min_threads_95
+
+    if sec == "ramp":
+        for name, path, rate in cases:
+            common = ["--throttle", ps.throttle_spec(path.throttle), "--memory", str(path.memory),
+                      "--chunk-size", str(path.chunk_size)]
+            kinds = [("cold", [])] + ([("trained", ["--policy", trained[name]])] if trained else [])
+            for kind, extra in kinds:
+                for v in "AB":
+                    ps._fresh_history(ctx)
+                    lines = ab.run(v, data[rate], common + extra, ctx.path(f"ab-{name}-{kind}-{rep}-{v}.jsonl"))
+                    m = ps.log_metrics(lines, path.achievable_bps, min_threads_95(path), bottleneck_index(path))
+                    ab.record(f"ramp/{kind}/{name}", v, m, lines, path.achievable_bps, rep)
+    elif sec == "warm":
+        ds = ctx.dataset("warm", 20, 40 * MB)
+        for v in "AB":
+            shutil.rmtree(ctx.env["XDG_STATE_HOME"], ignore_errors=True)
+            for run in ("1", "2"):
+                lines = ab.run(v, ds, ["--throttle", bp.WARM_THROTTLE], ctx.path(f"ab-warm-{rep}-{v}-{run}.jsonl"))
+                m = {"seconds_to_threshold": bp.seconds_to(lines, 0.9 * bp.WARM_ACHIEVABLE),
+                     "start": next((r["start"] for r in lines if "start" in r), None)}
+                ab.rows.setdefault((f"warm/run{run}", v), []).append(m)
+                t90 = m["seconds_to_threshold"]
+                bp.say(f"  warm run {run} {v} rep {rep}: 90% at {'never' if t90 is None else f'{t90:.2f} s'}, "
+                       f"start {ps.start_label(m['start'])} | {_first_intervals(lines, bp.WARM_ACHIEVABLE)}")
+    else:
+        ds = ctx.dataset("sustained", 26, 100 * MB)
+        for name, path in ps._paths_default_buffers().items():
+            for v in "AB":
+                ps._fresh_history(ctx)
+                lines = ab.run(v, ds, ["--throttle", ps.throttle_spec(path.throttle)],
+                               ctx.path(f"ab-sus-{name}-{rep}-{v}.jsonl"))
+                m = ps.log_metrics(lines, path.achievable_bps, min_threads_95(path), bottleneck_index(path))
+                ab.record(f"sustained/{name}", v, m, lines, path.achievable_bps, rep)
+
+
+def _report(ab: "AB", label: str, args: Any, only: Sequence[str]) -> None:
+    """The table of both variants per path (printed, and written with ``--json``)."""
+    bp.say()
+    bp.say(f"{'path':32s} {'':2s} {'seconds to 90% (median; runs)':40s} sustained (min)   settled")
+    table_rows = []
+    for key in sorted({k for k, _ in ab.rows}):
+        for v in "AB":
+            ms = ab.rows.get((key, v), [])
+            ts = [m["seconds_to_threshold"] for m in ms]
+            med = statistics.median([t if t is not None else float("inf") for t in ts])
+            cell = f"{med:.2f} ({', '.join('never' if t is None else f'{t:.2f}' for t in ts)})"
+            sus = [m["sustained"] for m in ms if "sustained" in m]
+            sus_cell = f"{statistics.median(sus):.2f} ({min(sus):.2f})" if sus else "-"
+            settled = [m.get("settled") for m in ms if "settled" in m]
+            bp.say(f"{key:32s} {v:2s} {cell:40s} {sus_cell:17s} {settled}")
+            table_rows.append({"path": key, "variant": "A" if v == "A" else f"B ({label})", "t90": cell,
+                               "sustained": sus_cell, "settled": ", ".join(map(str, settled))})
+    bp.say(f"load average now {os.getloadavg()[0]:.1f}")
+    if args.json:
+        import results_file
+
+        results_file.write(args.json, f"A/B of the controller settings {label} on the default policy",
+                           f"{args.reps} interleaved rounds, sections {','.join(only)}", [
+                               results_file.table("ab", "Seconds to 90% of the achievable rate, sustained share, settled threads",
+                                                  [("path", "path"), ("variant", "variant"), ("t90", "s to 90% (median; runs)"),
+                                                   ("sustained", "sustained (median, min)"), ("settled", "settled")],
+                                                  table_rows)])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--controller", required=True, metavar="FIELD=VALUE[,...]",
@@ -198,7 +266,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     label = args.controller.strip()
     bp.say(f"A: the controller's defaults; B: {label}; load {os.getloadavg()[0]:.1f}")
     try:
-        from automdt.experiments.behaviour import bottleneck_index, min_threads_95, scenario_path
+        from automdt.experiments.behaviour import scenario_path
 
         cases = [(f"{b}-bound" + ("" if rate == 80 else f"-{rate}"), scenario_path(b, rate * MB), rate)
                  for rate in (80, 250) for b in ("read", "net", "write")]
@@ -206,63 +274,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         trained = {name: _train(ctx, path, name) for name, path, _ in cases} if "ramp" in only and args.trained else {}
         for rep in range(args.reps):
             for sec in only:
-                if sec == "ramp":
-                    for name, path, rate in cases:
-                        common = ["--throttle", ps.throttle_spec(path.throttle), "--memory", str(path.memory),
-                                  "--chunk-size", str(path.chunk_size)]
-                        kinds = [("cold", [])] + ([("trained", ["--policy", trained[name]])] if trained else [])
-                        for kind, extra in kinds:
-                            for v in "AB":
-                                ps._fresh_history(ctx)
-                                lines = ab.run(v, data[rate], common + extra, ctx.path(f"ab-{name}-{kind}-{rep}-{v}.jsonl"))
-                                m = ps.log_metrics(lines, path.achievable_bps, min_threads_95(path), bottleneck_index(path))
-                                ab.record(f"ramp/{kind}/{name}", v, m, lines, path.achievable_bps, rep)
-                elif sec == "warm":
-                    ds = ctx.dataset("warm", 20, 40 * MB)
-                    for v in "AB":
-                        shutil.rmtree(ctx.env["XDG_STATE_HOME"], ignore_errors=True)
-                        for run in ("1", "2"):
-                            lines = ab.run(v, ds, ["--throttle", bp.WARM_THROTTLE], ctx.path(f"ab-warm-{rep}-{v}-{run}.jsonl"))
-                            m = {"seconds_to_threshold": bp.seconds_to(lines, 0.9 * bp.WARM_ACHIEVABLE),
-                                 "start": next((r["start"] for r in lines if "start" in r), None)}
-                            ab.rows.setdefault((f"warm/run{run}", v), []).append(m)
-                            t90 = m["seconds_to_threshold"]
-                            bp.say(f"  warm run {run} {v} rep {rep}: 90% at {'never' if t90 is None else f'{t90:.2f} s'}, "
-                                   f"start {ps.start_label(m['start'])} | {_first_intervals(lines, bp.WARM_ACHIEVABLE)}")
-                else:
-                    ds = ctx.dataset("sustained", 26, 100 * MB)
-                    for name, path in ps._paths_default_buffers().items():
-                        for v in "AB":
-                            ps._fresh_history(ctx)
-                            lines = ab.run(v, ds, ["--throttle", ps.throttle_spec(path.throttle)],
-                                           ctx.path(f"ab-sus-{name}-{rep}-{v}.jsonl"))
-                            m = ps.log_metrics(lines, path.achievable_bps, min_threads_95(path), bottleneck_index(path))
-                            ab.record(f"sustained/{name}", v, m, lines, path.achievable_bps, rep)
-        bp.say()
-        bp.say(f"{'path':32s} {'':2s} {'seconds to 90% (median; runs)':40s} sustained (min)   settled")
-        table_rows = []
-        for key in sorted({k for k, _ in ab.rows}):
-            for v in "AB":
-                ms = ab.rows.get((key, v), [])
-                ts = [m["seconds_to_threshold"] for m in ms]
-                med = statistics.median([t if t is not None else float("inf") for t in ts])
-                cell = f"{med:.2f} ({', '.join('never' if t is None else f'{t:.2f}' for t in ts)})"
-                sus = [m["sustained"] for m in ms if "sustained" in m]
-                sus_cell = f"{statistics.median(sus):.2f} ({min(sus):.2f})" if sus else "-"
-                settled = [m.get("settled") for m in ms if "settled" in m]
-                bp.say(f"{key:32s} {v:2s} {cell:40s} {sus_cell:17s} {settled}")
-                table_rows.append({"path": key, "variant": "A" if v == "A" else f"B ({label})", "t90": cell,
-                                   "sustained": sus_cell, "settled": ", ".join(map(str, settled))})
-        bp.say(f"load average now {os.getloadavg()[0]:.1f}")
-        if args.json:
-            import results_file
-
-            results_file.write(args.json, f"A/B of the controller settings {label} on the default policy",
-                               f"{args.reps} interleaved rounds, sections {','.join(only)}", [
-                                   results_file.table("ab", "Seconds to 90% of the achievable rate, sustained share, settled threads",
-                                                      [("path", "path"), ("variant", "variant"), ("t90", "s to 90% (median; runs)"),
-                                                       ("sustained", "sustained (median, min)"), ("settled", "settled")],
-                                                      table_rows)])
+                _section(ctx, ab, sec, rep, cases, data, trained)
+        _report(ab, label, args, only)
     finally:
         ctx.cleanup()
     return 0

@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from automdt.experiments.netns import NetnsPair, netns_available  # noqa: E402
@@ -110,7 +110,6 @@ def classify(frames: List[Tuple[str, str]]) -> str:
         return "other"
     syms = [s for s, _ in frames]
     leaf_sym, leaf_dso = frames[0]
-    kernel = "kernel" in leaf_dso
     user = [(s, d) for s, d in frames if "kernel" not in d]
     syscall = None
     for s in reversed(syms):  # the outermost system-call frame
@@ -119,57 +118,66 @@ def classify(frames: List[Tuple[str, str]]) -> str:
             syscall = m.group(1) if m else _INLINED[s]
             break
     in_engine = any(s.startswith("amdt_") for s, _ in user)
-    if kernel:
-        symset = set(syms)
-        if syscall is not None:
-            if syscall in _WAITS or symset & _SCHED:
-                return "wake-ups, waits, scheduling"
-            if syscall in ("pread64", "preadv", "preadv2"):
-                return "read (pread of the source)"
-            if syscall in ("sendmsg", "sendto", "sendfile64", "sendfile", "sendmmsg", "splice", "vmsplice"):
-                if syscall in ("splice", "vmsplice") and "skb_splice_bits" in symset:
-                    return "receive (recv)"
-                if syscall in ("splice",) and ({"iter_file_splice_write", "splice_to_pipe"} & symset) \
-                        and not ({"tcp_sendmsg", "tcp_sendmsg_locked"} & symset):
-                    return "write (copy into page cache)" if "iter_file_splice_write" in symset else "read (pread of the source)"
-                if symset & _RX_SOFTIRQ:
-                    return "TCP input (softirq)"
-                return "send (TCP output)"
-            if syscall in ("recvfrom", "recvmsg", "recvmmsg"):
-                return "receive (recv)"
-            if syscall in ("pwrite64", "pwritev", "pwritev2", "copy_file_range"):
-                return "page-cache allocation" if symset & _PAGE_ALLOC else "write (copy into page cache)"
-            if syscall in ("write", "writev"):
-                if symset & {"tcp_sendmsg", "tcp_sendmsg_locked", "sock_write_iter"}:
-                    return "TCP input (softirq)" if symset & _RX_SOFTIRQ else "send (TCP output)"
-                if symset & {"sock_read_iter", "tcp_recvmsg"}:
-                    return "receive (recv)"
-                if in_engine or not user:
-                    return "journal (write)"
-                if symset & _PAGE_ALLOC:  # a data write() of another program (GridFTP's server)
-                    return "page-cache allocation"
-                if symset & _FILE_WRITE:
-                    return "write (copy into page cache)"
-                return "other kernel"
-            if syscall in ("read", "readv"):
-                if symset & {"tcp_recvmsg", "sock_read_iter"}:
-                    return "receive (recv)"
-                if symset & _FILE_READ:  # a data read() of another program (GridFTP's client)
-                    return "read (pread of the source)"
-                return "other kernel"
-            if syscall in _PER_FILE:
-                return "per-file system calls"
-            if syscall in _MMAP:
-                return "memory mapping"
-            return "other kernel"
-        if symset & {"exc_page_fault", "asm_exc_page_fault", "handle_mm_fault"}:
-            return "page faults"
+    if "kernel" not in leaf_dso:
+        return _user_activity(syms, leaf_sym, leaf_dso, in_engine)
+    symset = set(syms)
+    if syscall is not None:
+        return _syscall_activity(syscall, symset, in_engine, bool(user))
+    if symset & {"exc_page_fault", "asm_exc_page_fault", "handle_mm_fault"}:
+        return "page faults"
+    if symset & _RX_SOFTIRQ:
+        return "TCP input (softirq)"
+    if symset & _SCHED:
+        return "wake-ups, waits, scheduling"
+    return "other kernel"
+
+
+def _syscall_activity(syscall: str, symset: Set[str], in_engine: bool, has_user: bool) -> str:
+    """The activity of a kernel sample inside system call ``syscall`` (``symset``: its stack)."""
+    if syscall in _WAITS or symset & _SCHED:
+        return "wake-ups, waits, scheduling"
+    if syscall in ("pread64", "preadv", "preadv2"):
+        return "read (pread of the source)"
+    if syscall in ("sendmsg", "sendto", "sendfile64", "sendfile", "sendmmsg", "splice", "vmsplice"):
+        if syscall in ("splice", "vmsplice") and "skb_splice_bits" in symset:
+            return "receive (recv)"
+        if syscall in ("splice",) and ({"iter_file_splice_write", "splice_to_pipe"} & symset) \
+                and not ({"tcp_sendmsg", "tcp_sendmsg_locked"} & symset):
+            return "write (copy into page cache)" if "iter_file_splice_write" in symset else "read (pread of the source)"
         if symset & _RX_SOFTIRQ:
             return "TCP input (softirq)"
-        if symset & _SCHED:
-            return "wake-ups, waits, scheduling"
+        return "send (TCP output)"
+    if syscall in ("recvfrom", "recvmsg", "recvmmsg"):
+        return "receive (recv)"
+    if syscall in ("pwrite64", "pwritev", "pwritev2", "copy_file_range"):
+        return "page-cache allocation" if symset & _PAGE_ALLOC else "write (copy into page cache)"
+    if syscall in ("write", "writev"):
+        if symset & {"tcp_sendmsg", "tcp_sendmsg_locked", "sock_write_iter"}:
+            return "TCP input (softirq)" if symset & _RX_SOFTIRQ else "send (TCP output)"
+        if symset & {"sock_read_iter", "tcp_recvmsg"}:
+            return "receive (recv)"
+        if in_engine or not has_user:
+            return "journal (write)"
+        if symset & _PAGE_ALLOC:  # a data write() of another program (GridFTP's server)
+            return "page-cache allocation"
+        if symset & _FILE_WRITE:
+            return "write (copy into page cache)"
         return "other kernel"
-    # user space
+    if syscall in ("read", "readv"):
+        if symset & {"tcp_recvmsg", "sock_read_iter"}:
+            return "receive (recv)"
+        if symset & _FILE_READ:  # a data read() of another program (GridFTP's client)
+            return "read (pread of the source)"
+        return "other kernel"
+    if syscall in _PER_FILE:
+        return "per-file system calls"
+    if syscall in _MMAP:
+        return "memory mapping"
+    return "other kernel"
+
+
+def _user_activity(syms: List[str], leaf_sym: str, leaf_dso: str, in_engine: bool) -> str:
+    """The activity of a user-space sample (its leaf ``leaf_sym`` in ``leaf_dso``)."""
     if leaf_sym.startswith(("XXH", "amdt_avx2_", "amdt_lib_", "amdt_hash")) or "xxhash" in leaf_dso:
         if any(s.startswith(("amdt_read", "amdt_reader")) for s in syms):
             return "hash (sender)"

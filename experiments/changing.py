@@ -315,7 +315,6 @@ def run_changing(st: Any) -> Any:
     """The ``changing`` experiment (``st``: :class:`automdt.experiments.run.Settings`); ``--from DIR``
     rewrites the tables and plots of an earlier run into a new directory."""
     from automdt.experiments.run import Experiment
-    from automdt.simulator.changes import ProfileChanges
 
     if st.from_dir:
         from automdt.experiments.real import load_run_dir
@@ -358,53 +357,7 @@ def run_changing(st: Any) -> Any:
             cfg["skipped"][name] = why
             st.log(f"  {name}: skipped ({why})")
             continue
-        st.log(f"  {name}: {cs.description}")
-        path = cs.path.scaled(dataset_bytes=cs.dataset_bytes())
-        info: Dict[str, Any] = {"scenario": cs.to_dict(), "load_start": load_average(), "skipped_policies": {}}
-        if cs.schedule():
-            from automdt.throttle import ThrottleSchedule
-
-            ThrottleSchedule.from_list(cs.schedule(), name).save(rd.file(f"schedule-{name}.yaml"))
-            info["schedule_file"] = f"schedule-{name}.yaml"
-        with PathSession(path, rd.file(f"work/{name}"), memory=st.memory, chunk_size=st.chunk_size,
-                         interval_s=st.interval_s, drop_caches=st.drop_caches, seed=st.seed, log=st.log) as ps:
-            info["path"] = ps.describe()
-            ds = ps.dataset
-            goodput = 1.0
-            if path.kind == "net":
-                info["calibration"] = calibrate_goodput(ps, st.quick)
-                goodput = info["calibration"]["goodput_efficiency"]
-                st.log(f"    calibration: {info['calibration']['median_bps'] / MB:.1f} MB/s on the "
-                       f"{path.link_bps / MB:.0f} MB/s link (goodput {goodput:.2f})")
-            achievable = cs.phase_nominals(goodput)
-            info["achievable_bps"] = achievable
-            own = None
-            if "ppo-own" in labels:
-                first = cs.schedule()[:1] if cs.schedule() else None
-                changes = ProfileChanges(**{k: (tuple(v) if isinstance(v, list) else v)
-                                            for k, v in cs.changes_for_training.items()})
-                own, prof, oinfo = explore_and_train(ps, st, rd, name, changes=changes, schedule=first)
-                info["ppo_own"] = oinfo
-                if prof is not None:
-                    info["explored_profile"] = profile_summary(prof)
-            timeout = 4.0 * cs.nominal_s + 40.0
-            for lab in labels:
-                try:
-                    spec, kw = _policy(lab, cs, ds, own)
-                except PolicyUnavailable as e:
-                    info["skipped_policies"][lab] = str(e)
-                    continue
-                run, change_t, events = changing_transfer(ps, cs, lab, spec, kw, timeout, rd.log_path(name, lab))
-                res = to_result(run, name, ds.spec.name, achievable[0] or 1.0, "net",
-                                dict(zip(STAGES, cs.phase_optima[0])))
-                ttf = change_metrics(run.rows, change_t, achievable)
-                res.extra.update(spec=spec, change_t=[round(x, 3) for x in change_t], time_to_90=ttf, events=events,
-                                 completion_s=run.summary.get("seconds"))
-                results.append(res)
-                st.log(f"    {lab:13s} completion {M.fmt(run.summary.get('seconds'), 1)} s, to 90% after each change "
-                       f"{[None if x is None else round(x, 1) for x in ttf[1:]]}, threads "
-                       + ",".join(M.fmt(res.metrics.get(f'mean_threads_{s}'), 1) for s in STAGES)
-                       + (f"  ERROR {res.error}" if res.error else ""))
+        info = _run_scenario(st, rd, name, cs, labels, results)
         info["load_end"] = load_average()
         per[name] = info
         cfg["scenarios"][name] = info
@@ -415,9 +368,97 @@ def run_changing(st: Any) -> Any:
     return Experiment("changing", rd.path, results, cfg["skipped"], summary)
 
 
+def _run_scenario(st: Any, rd: RunDir, name: str, cs: Any, labels: Sequence[str], results: List[RunResult]
+                  ) -> Dict[str, Any]:
+    """Run every policy of ``labels`` through the changing scenario ``cs`` (appending their
+    results to ``results``); returns what the scenario's section of ``results.md`` needs."""
+    from automdt.simulator.changes import ProfileChanges
+
+    st.log(f"  {name}: {cs.description}")
+    path = cs.path.scaled(dataset_bytes=cs.dataset_bytes())
+    info: Dict[str, Any] = {"scenario": cs.to_dict(), "load_start": load_average(), "skipped_policies": {}}
+    if cs.schedule():
+        from automdt.throttle import ThrottleSchedule
+
+        ThrottleSchedule.from_list(cs.schedule(), name).save(rd.file(f"schedule-{name}.yaml"))
+        info["schedule_file"] = f"schedule-{name}.yaml"
+    with PathSession(path, rd.file(f"work/{name}"), memory=st.memory, chunk_size=st.chunk_size,
+                     interval_s=st.interval_s, drop_caches=st.drop_caches, seed=st.seed, log=st.log) as ps:
+        info["path"] = ps.describe()
+        ds = ps.dataset
+        goodput = 1.0
+        if path.kind == "net":
+            info["calibration"] = calibrate_goodput(ps, st.quick)
+            goodput = info["calibration"]["goodput_efficiency"]
+            st.log(f"    calibration: {info['calibration']['median_bps'] / MB:.1f} MB/s on the "
+                   f"{path.link_bps / MB:.0f} MB/s link (goodput {goodput:.2f})")
+        achievable = cs.phase_nominals(goodput)
+        info["achievable_bps"] = achievable
+        own = None
+        if "ppo-own" in labels:
+            first = cs.schedule()[:1] if cs.schedule() else None
+            changes = ProfileChanges(**{k: (tuple(v) if isinstance(v, list) else v)
+                                        for k, v in cs.changes_for_training.items()})
+            own, prof, oinfo = explore_and_train(ps, st, rd, name, changes=changes, schedule=first)
+            info["ppo_own"] = oinfo
+            if prof is not None:
+                info["explored_profile"] = profile_summary(prof)
+        timeout = 4.0 * cs.nominal_s + 40.0
+        for lab in labels:
+            try:
+                spec, kw = _policy(lab, cs, ds, own)
+            except PolicyUnavailable as e:
+                info["skipped_policies"][lab] = str(e)
+                continue
+            run, change_t, events = changing_transfer(ps, cs, lab, spec, kw, timeout, rd.log_path(name, lab))
+            res = to_result(run, name, ds.spec.name, achievable[0] or 1.0, "net",
+                            dict(zip(STAGES, cs.phase_optima[0])))
+            ttf = change_metrics(run.rows, change_t, achievable)
+            res.extra.update(spec=spec, change_t=[round(x, 3) for x in change_t], time_to_90=ttf, events=events,
+                             completion_s=run.summary.get("seconds"))
+            results.append(res)
+            st.log(f"    {lab:13s} completion {M.fmt(run.summary.get('seconds'), 1)} s, to 90% after each change "
+                   f"{[None if x is None else round(x, 1) for x in ttf[1:]]}, threads "
+                   + ",".join(M.fmt(res.metrics.get(f'mean_threads_{s}'), 1) for s in STAGES)
+                   + (f"  ERROR {res.error}" if res.error else ""))
+    return info
+
+
+def _against_marlin(results: Sequence[RunResult], groups: Sequence[str], checks: List[Tuple[str, Optional[bool], str]]
+                    ) -> List[str]:
+    """The section comparing the PPO policies' completion over the suite with Marlin's (its check
+    appended to ``checks``); no lines when no scenario ran both."""
+    ratio_rows = []
+    for p in ("ppo", "ppo-own"):
+        pairs = [(next((r for r in results if r.scenario == n and r.policy == "marlin"), None),
+                  next((r for r in results if r.scenario == n and r.policy == p), None)) for n in groups]
+        pairs = [(m, x) for m, x in pairs if m is not None and x is not None
+                 and m.extra.get("completion_s") and x.extra.get("completion_s")]
+        if not pairs:
+            continue
+        # a transfer that did not complete counts with the time it was given: a lower bound of its
+        # completion time (marked '>')
+        tm = sum(float(m.extra["completion_s"]) for m, _ in pairs)
+        tp = sum(float(x.extra["completion_s"]) for _, x in pairs)
+        ratio = tm / tp if tp else None
+        per_sc = ", ".join(f"{m.scenario} {float(m.extra['completion_s']) / float(x.extra['completion_s']):.2f}x"
+                           + (" (policy did not complete: > its time)" if not x.completed else "")
+                           + (" (Marlin did not complete)" if not m.completed else "") for m, x in pairs)
+        incomplete = any(not (m.completed and x.completed) for m, x in pairs)
+        ratio_rows.append([p, f"{tm:.1f}", ("> " if incomplete else "") + f"{tp:.1f}", M.fmt(ratio, 2), per_sc])
+        checks.append((f"{p} completes the changing-path suite at least 1.33x faster than Marlin",
+                       ratio is not None and ratio >= 1.33, f"{M.fmt(ratio, 2)}x ({per_sc})"))
+    if not ratio_rows:
+        return []
+    return ["## PPO vs Marlin over the suite", "",
+            M.md_table(["policy", "Marlin total s", "policy total s", "Marlin / policy", "per scenario"], ratio_rows), ""]
+
+
 def write_changing_results(st: Any, rd: RunDir, names: Sequence[str], labels: Sequence[str],
                            per: Dict[str, Dict[str, Any]], skipped: Dict[str, str], results: Sequence[RunResult]
                            ) -> Dict[str, Any]:
+    """``results.md`` and the plots of a changing run: one section per scenario, the completion
+    chart, PPO against Marlin, the checks; returns the summary the experiment reports."""
     lines = report_head("Changing paths",
                         "Each policy copies a dataset to completion while the path changes at fixed times "
                         "(`experiments/changing.py`): seconds until 90% of the new achievable rate after each change, "
@@ -484,30 +525,7 @@ def write_changing_results(st: Any, rd: RunDir, names: Sequence[str], labels: Se
         plots.grouped_bars(rd.file("changing-completion.png"), "completion time (lower is better)", groups,
                            comp_series, "seconds")
         lines += ["## Completion", "", "![completion](changing-completion.png)", ""]
-    ratio_rows = []
-    for p in ("ppo", "ppo-own"):
-        pairs = [(next((r for r in results if r.scenario == n and r.policy == "marlin"), None),
-                  next((r for r in results if r.scenario == n and r.policy == p), None)) for n in groups]
-        pairs = [(m, x) for m, x in pairs if m is not None and x is not None
-                 and m.extra.get("completion_s") and x.extra.get("completion_s")]
-        if not pairs:
-            continue
-        # a transfer that did not complete counts with the time it was given: a lower bound of its
-        # completion time (marked '>')
-        tm = sum(float(m.extra["completion_s"]) for m, _ in pairs)
-        tp = sum(float(x.extra["completion_s"]) for _, x in pairs)
-        ratio = tm / tp if tp else None
-        per_sc = ", ".join(f"{m.scenario} {float(m.extra['completion_s']) / float(x.extra['completion_s']):.2f}x"
-                           + (" (policy did not complete: > its time)" if not x.completed else "")
-                           + (" (Marlin did not complete)" if not m.completed else "") for m, x in pairs)
-        incomplete = any(not (m.completed and x.completed) for m, x in pairs)
-        ratio_rows.append([p, f"{tm:.1f}", ("> " if incomplete else "") + f"{tp:.1f}", M.fmt(ratio, 2), per_sc])
-        checks.append((f"{p} completes the changing-path suite at least 1.33x faster than Marlin",
-                       ratio is not None and ratio >= 1.33, f"{M.fmt(ratio, 2)}x ({per_sc})"))
-    if ratio_rows:
-        lines += ["## PPO vs Marlin over the suite", "",
-                  M.md_table(["policy", "Marlin total s", "policy total s", "Marlin / policy", "per scenario"],
-                             ratio_rows), ""]
+    lines += _against_marlin(results, groups, checks)
     lines += check_lines(checks)
     rd.write_text("results.md", "\n".join(lines))
     st.log(f"[changing] wrote {rd.path}/results.md")

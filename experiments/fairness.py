@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from automdt.experiments import metrics as M
 from automdt.experiments import plots
@@ -227,6 +227,17 @@ def run_fairness(st: Any) -> Any:
         return Experiment("fairness", rd.path, [], skipped, {"skipped": why})
     st.log(f"[fairness] {rd.path}: {len(labels)} pairs, link {link_bps / MB:.0f} MB/s, window {window:g} s, "
            f"T2 joins at {join:g} s")
+    pairs, mets = _run_pairs(st, rd, cfg, labels)
+    _write_fairness_results(st, rd, cfg, pairs, mets)
+    st.log(f"[fairness] wrote {rd.path}/results.md")
+    return Experiment("fairness", rd.path, [], skipped, {"pairs": mets})
+
+
+def _run_pairs(st: Any, rd: RunDir, cfg: Dict[str, Any], labels: Sequence[str]
+               ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """One pair of transfers per policy on one shared link (the dataset and the link described
+    in ``cfg``, which is written once they are known): the pairs and their metrics."""
+    window, join, settle, link_bps = cfg["window_s"], cfg["join_s"], cfg["settle_s"], cfg["link_bps"]
     pairs, mets = [], []
     spec = large_dataset(int(link_bps * window * 1.1 + 2 * st.memory), n_files=8, seed=st.seed)
     with Scratch(st.data_dir, st.keep_data) as scratch:
@@ -252,6 +263,14 @@ def run_fairness(st: Any) -> Any:
                        f"share T1 {M.fmt(m['share_t1'], 2)}, Jain {M.fmt(m['jain'], 3)}"
                        + (f"  errors: {m['errors']}" if m["errors"] else ""))
         shutil.rmtree(workdir, ignore_errors=True)
+    return pairs, mets
+
+
+def _write_fairness_results(st: Any, rd: RunDir, cfg: Dict[str, Any], pairs: List[Dict[str, Any]],
+                            mets: List[Dict[str, Any]]) -> None:
+    """``intervals.csv``, ``pairs.csv``, the plot and ``results.md`` of a fairness run."""
+    window, join, settle, link_bps = cfg["window_s"], cfg["join_s"], cfg["settle_s"], cfg["link_bps"]
+    skipped = cfg["skipped_policies"]
     rows = []
     for p in pairs:
         for tr in p["transfers"]:
@@ -296,5 +315,3 @@ def run_fairness(st: Any) -> Any:
     if any(m["errors"] for m in mets):
         lines += ["Errors: " + "; ".join(f"{m['policy']}: {m['errors']}" for m in mets if m["errors"]), ""]
     rd.write_text("results.md", "\n".join(lines))
-    st.log(f"[fairness] wrote {rd.path}/results.md")
-    return Experiment("fairness", rd.path, [], skipped, {"pairs": mets})

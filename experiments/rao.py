@@ -51,7 +51,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -211,16 +211,7 @@ def fit_profile(rtt_s: Sequence[float], throughput: Sequence[float], *, capacity
     :param capacity: fix ``b`` to the connection capacity (the paper's scaling); default: fit ``b``.
     :param criterion: ``"bic"`` (default) or ``"sse"`` (the paper's plain least squares) to choose tau_T.
     """
-    x = np.asarray(rtt_s, dtype=float).ravel()
-    y = np.asarray(throughput, dtype=float).ravel()
-    if x.shape != y.shape:
-        raise ValueError(f"rtt_s and throughput differ in length ({x.size} vs {y.size})")
-    if criterion not in CRITERIA:
-        raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
-    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
-        raise ValueError("measurements must be finite numbers")
-    if np.any(x < 0) or np.any(y < 0):
-        raise ValueError("RTTs and throughputs must be >= 0")
+    x, y = _measurements(rtt_s, throughput, capacity, criterion)
     ux, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
     if ux.size < 3:
         raise ValueError(f"need measurements at 3 or more distinct RTTs, got {ux.size}")
@@ -229,8 +220,6 @@ def fit_profile(rtt_s: Sequence[float], throughput: Sequence[float], *, capacity
     xs, ys = float(ux.max()), float(ybar.max())
     if ys <= 0:
         raise ValueError("all throughputs are zero")
-    if capacity is not None and not capacity > 0:
-        raise ValueError(f"capacity must be > 0, got {capacity}")
     t = ux / xs                               # normalised RTTs in [0, 1]
     yn = ybar / ys
     w = counts.astype(float)
@@ -312,6 +301,32 @@ def fit_profile(rtt_s: Sequence[float], throughput: Sequence[float], *, capacity
     # simpler reading (a flat profile is "concave": no RTT-dependent limit measured).
     order = [n - 1, 0] + list(range(1, n - 1))
     best = min(order, key=lambda j: (cands[j][criterion], order.index(j)))
+    return _result(cands, best, b_fixed, y, ys, ux, inv, counts, criterion)
+
+
+def _measurements(rtt_s: Sequence[float], throughput: Sequence[float], capacity: Optional[float], criterion: str
+                  ) -> Tuple[np.ndarray, np.ndarray]:
+    """The measurements as two flat float arrays, checked (``ValueError`` saying what is wrong)."""
+    x = np.asarray(rtt_s, dtype=float).ravel()
+    y = np.asarray(throughput, dtype=float).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"rtt_s and throughput differ in length ({x.size} vs {y.size})")
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("measurements must be finite numbers")
+    if np.any(x < 0) or np.any(y < 0):
+        raise ValueError("RTTs and throughputs must be >= 0")
+    if capacity is not None and not capacity > 0:
+        raise ValueError(f"capacity must be > 0, got {capacity}")
+    return x, y
+
+
+def _result(cands: List[Dict[str, Any]], best: int, b_fixed: Optional[float], y: np.ndarray, ys: float,
+            ux: np.ndarray, inv: np.ndarray, counts: np.ndarray, criterion: str) -> RaoFit:
+    """The chosen candidate ``cands[best]`` in the measurements' units (RTTs in seconds, rates as
+    given; ``ys`` the peak mean rate and ``ux`` the distinct RTTs the fit normalised by)."""
+    n_total, n, xs = int(y.size), int(ux.size), float(ux.max())
     c = cands[best]
     free_b, has1, has2 = c["layout"]
     p = c["p"]

@@ -387,56 +387,10 @@ def run_real(st: Any) -> Any:
             cfg["skipped"][name] = why
             st.log(f"  {name}: skipped ({why})")
             continue
-        st.log(f"  {name}: {sc.description}")
-        info: Dict[str, Any] = {"load_start": load_average(), "skipped_policies": {}}
-        with PathSession(sc, rd.file(f"work/{name}"), memory=st.memory, chunk_size=st.chunk_size,
-                         interval_s=st.interval_s, drop_caches=st.drop_caches, seed=st.seed, log=st.log) as ps:
-            info["path"] = ps.describe()
-            ds = ps.dataset
-            grid = grid_search(ps, st, st.quick)
-            info["oracle"] = grid
-            if grid.get("error"):
-                cfg["skipped"][name] = grid["error"]
-                continue
-            rd.write_csv(f"grid-{name}.csv", grid["table"])
-            st.log(f"    oracle {tuple(grid['triple'])} at {grid['throughput_bps'] / MB:.1f} MB/s "
-                   f"(best grid {tuple(grid['best_grid_triple'])} {grid['best_grid_bps'] / MB:.1f}; "
-                   f"{grid['seconds']:.0f} s)")
-            # the explored profile serves ppo-own and the sim-to-real report: always explore
-            own, prof, oinfo = explore_and_train(ps, st, rd, name, train_policy="ppo-own" in labels)
-            info["ppo_own"] = oinfo
-            if prof is not None:
-                info["explored_profile"] = profile_summary(prof)
-                st.log(f"    explored: {info['explored_profile']}")
-            oracle = grid["triple"]
-            bott = bottleneck_of(oracle, prof)
-            info["bottleneck"] = bott
-            min_threads = dict(zip(STAGES, (int(x) for x in oracle)))
-            achievable = float(grid["throughput_bps"])
-            for lab in labels:
-                try:
-                    spec, kw = policy_spec(lab, sc, ds.avg_file_size, len(ds.files), oracle, own)
-                except PolicyUnavailable as e:
-                    info["skipped_policies"][lab] = str(e)
-                    continue
-                run = ps.run(lab, spec, kw, duration_s=duration, rounds=True,
-                             log_path=rd.log_path(name, lab))
-                res = to_result(run, name, ds.spec.name, achievable, bott, min_threads)
-                res.extra.update(spec=spec)
-                results.append(res)
-                m = res.metrics
-                st.log(f"    {lab:9s} {(m.get('active_delivered_bps') or 0) / MB:6.1f} MB/s "
-                       f"({(m.get('active_delivered_bps') or 0) / achievable:.2f} of the oracle's grid rate), threads "
-                       f"{m.get('after_median_read', 0):.0f},{m.get('after_median_net', 0):.0f},"
-                       f"{m.get('after_median_write', 0):.0f}, CPU {res.extra['cpu_pct_both_ends']}%"
-                       + (f"  ERROR {res.error}" if res.error else ""))
-                if prof is not None:
-                    try:
-                        row = sim_to_real(res, spec, kw, prof, sc.max_threads, st.seed)
-                    except Exception as e:  # noqa: BLE001
-                        row = {"scenario": name, "policy": lab, "error": str(e)}
-                    if row:
-                        s2r.append(row)
+        info = _run_path(st, rd, name, sc, labels, duration, results, s2r)
+        if info.get("error"):
+            cfg["skipped"][name] = info["error"]
+            continue
         info["load_end"] = load_average()
         per[name] = info
         cfg["scenarios"][name] = info
@@ -447,6 +401,64 @@ def run_real(st: Any) -> Any:
     rd.write_csv("sim_to_real.csv", s2r)
     summary = write_real_results(st, rd, names, labels, per, cfg["skipped"], results, s2r, duration)
     return Experiment("real", rd.path, results, cfg["skipped"], summary)
+
+
+def _run_path(st: Any, rd: RunDir, name: str, sc: Any, labels: Sequence[str], duration: float,
+              results: List[RunResult], s2r: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One real path: the oracle's grid, the exploration, then every policy of ``labels`` for
+    ``duration`` seconds (their results appended to ``results``, the simulator's predictions for
+    them to ``s2r``). Returns the path's section of the run's configuration, or ``{"error": why}``
+    when the grid found no oracle."""
+    st.log(f"  {name}: {sc.description}")
+    info: Dict[str, Any] = {"load_start": load_average(), "skipped_policies": {}}
+    with PathSession(sc, rd.file(f"work/{name}"), memory=st.memory, chunk_size=st.chunk_size,
+                     interval_s=st.interval_s, drop_caches=st.drop_caches, seed=st.seed, log=st.log) as ps:
+        info["path"] = ps.describe()
+        ds = ps.dataset
+        grid = grid_search(ps, st, st.quick)
+        info["oracle"] = grid
+        if grid.get("error"):
+            return {"error": grid["error"]}
+        rd.write_csv(f"grid-{name}.csv", grid["table"])
+        st.log(f"    oracle {tuple(grid['triple'])} at {grid['throughput_bps'] / MB:.1f} MB/s "
+               f"(best grid {tuple(grid['best_grid_triple'])} {grid['best_grid_bps'] / MB:.1f}; "
+               f"{grid['seconds']:.0f} s)")
+        # the explored profile serves ppo-own and the sim-to-real report: always explore
+        own, prof, oinfo = explore_and_train(ps, st, rd, name, train_policy="ppo-own" in labels)
+        info["ppo_own"] = oinfo
+        if prof is not None:
+            info["explored_profile"] = profile_summary(prof)
+            st.log(f"    explored: {info['explored_profile']}")
+        oracle = grid["triple"]
+        bott = bottleneck_of(oracle, prof)
+        info["bottleneck"] = bott
+        min_threads = dict(zip(STAGES, (int(x) for x in oracle)))
+        achievable = float(grid["throughput_bps"])
+        for lab in labels:
+            try:
+                spec, kw = policy_spec(lab, sc, ds.avg_file_size, len(ds.files), oracle, own)
+            except PolicyUnavailable as e:
+                info["skipped_policies"][lab] = str(e)
+                continue
+            run = ps.run(lab, spec, kw, duration_s=duration, rounds=True,
+                         log_path=rd.log_path(name, lab))
+            res = to_result(run, name, ds.spec.name, achievable, bott, min_threads)
+            res.extra.update(spec=spec)
+            results.append(res)
+            m = res.metrics
+            st.log(f"    {lab:9s} {(m.get('active_delivered_bps') or 0) / MB:6.1f} MB/s "
+                   f"({(m.get('active_delivered_bps') or 0) / achievable:.2f} of the oracle's grid rate), threads "
+                   f"{m.get('after_median_read', 0):.0f},{m.get('after_median_net', 0):.0f},"
+                   f"{m.get('after_median_write', 0):.0f}, CPU {res.extra['cpu_pct_both_ends']}%"
+                   + (f"  ERROR {res.error}" if res.error else ""))
+            if prof is not None:
+                try:
+                    row = sim_to_real(res, spec, kw, prof, sc.max_threads, st.seed)
+                except Exception as e:  # noqa: BLE001
+                    row = {"scenario": name, "policy": lab, "error": str(e)}
+                if row:
+                    s2r.append(row)
+    return info
 
 
 def report_head(title: str, intro: str, st: Any, rd: RunDir, skipped: Dict[str, str], what: str) -> List[str]:
@@ -481,6 +493,8 @@ def check_lines(checks: Sequence[Tuple[str, Optional[bool], str]]) -> List[str]:
 def write_real_results(st: Any, rd: RunDir, names: Sequence[str], labels: Sequence[str], per: Dict[str, Dict[str, Any]],
                        skipped: Dict[str, str], results: Sequence[RunResult], s2r: Sequence[Dict[str, Any]],
                        duration: float) -> Dict[str, Any]:
+    """``results.md`` and the plots of a real run: one section per path, the fractions of the
+    oracle, sim-to-real, the checks; returns the summary the experiment reports."""
     lines = report_head(
         "Real-resource paths",
         "Every policy on paths whose bottleneck is a real resource (no engine rate limit): a `tc tbf` link "
@@ -554,7 +568,18 @@ def write_real_results(st: Any, rd: RunDir, names: Sequence[str], labels: Sequen
         plots.grouped_bars(rd.file("real-fraction.png"), "delivered throughput / empirical oracle's", groups,
                            fractions, "fraction", hline=1.0)
         lines += ["## Throughput as a fraction of the empirical oracle", "", "![fraction](real-fraction.png)", ""]
-    lines += ["## Sim-to-real", "",
+    lines += _sim_to_real_lines(rd, s2r, checks)
+    lines += check_lines(checks)
+    rd.write_text("results.md", "\n".join(lines))
+    st.log(f"[real] wrote {rd.path}/results.md")
+    return {"checks": [{"check": t, "pass": ok, "detail": d} for t, ok, d in checks], "paths": per,
+            "sim_to_real": list(s2r)}
+
+
+def _sim_to_real_lines(rd: RunDir, s2r: Sequence[Dict[str, Any]], checks: List[Tuple[str, Optional[bool], str]]
+                       ) -> List[str]:
+    """The sim-to-real section of ``results.md`` (its plot written, its check appended to ``checks``)."""
+    lines = ["## Sim-to-real", "",
               "Each policy run in the simulator on the path's explored profile (`automdt explore` + fit, the profile "
               "`ppo-own` trained on) for as many intervals as its real run, from the same start: simulated mean "
               "throughput against the measured one.", ""]
@@ -571,11 +596,7 @@ def write_real_results(st: Any, rd: RunDir, names: Sequence[str], labels: Sequen
         lines += ["![sim vs real](real-sim-vs-real.png)", ""]
     else:
         lines += ["Not available: no path was explored (ppo-own not among the policies, or exploration failed).", ""]
-    lines += check_lines(checks)
-    rd.write_text("results.md", "\n".join(lines))
-    st.log(f"[real] wrote {rd.path}/results.md")
-    return {"checks": [{"check": t, "pass": ok, "detail": d} for t, ok, d in checks], "paths": per,
-            "sim_to_real": list(s2r)}
+    return lines
 
 
 def oracle_rate(runs: Sequence[RunResult], orc: Dict[str, Any]) -> float:

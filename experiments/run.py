@@ -658,8 +658,19 @@ def _write_completion(st: Settings, rd: RunDir, scenarios: Sequence[Scenario], l
                              M.fmt(r.metrics.get("mean_total_threads"), 1), r.completed])
     plots.grouped_bars(rd.file("completion-seconds.png"), "completion time (lower is better)", groups, series, "seconds")
     lines += ["![completion](completion-seconds.png)", "", M.md_table(head, rows), ""]
-    # ratios
-    lines += ["## PPO vs Marlin and Globus-like", ""]
+    ratio_lines, nums = _completion_ratios(st, scenarios, dsl, results)
+    lines += ratio_lines
+    rd.write_text("results.md", "\n".join(lines))
+    st.log(f"[completion] wrote {rd.path}/results.md")
+    return Experiment("completion", rd.path, list(results), skipped,
+                      {"ratios": nums, "kinds": {d["name"]: d["kind"] for d in dsl}})
+
+
+def _completion_ratios(st: Settings, scenarios: Sequence[Scenario], dsl: Sequence[Dict[str, Any]],
+                       results: Sequence[RunResult]) -> Tuple[List[str], Dict[str, Any]]:
+    """The completion run's section comparing each PPO policy with Marlin and Globus-like, with
+    the checks; returns its lines and the figures (with ``checks``) for the experiment's summary."""
+    lines = ["## PPO vs Marlin and Globus-like", ""]
     nums: Dict[str, Any] = {}
     ppos = _ppo_labels(results)
     checks: List[Tuple[str, Optional[bool], str]] = []
@@ -708,10 +719,7 @@ def _write_completion(st: Settings, rd: RunDir, scenarios: Sequence[Scenario], l
         lines += [_check_line(t, ok, dd) for t, ok, dd in checks]
         lines.append("")
         nums["checks"] = [{"check": t, "pass": ok, "detail": dd} for t, ok, dd in checks]
-    rd.write_text("results.md", "\n".join(lines))
-    st.log(f"[completion] wrote {rd.path}/results.md")
-    return Experiment("completion", rd.path, list(results), skipped,
-                      {"ratios": nums, "kinds": {d["name"]: d["kind"] for d in dsl}})
+    return lines, nums
 
 
 def _globus_is_optimal(sc: Scenario, st: Settings) -> bool:

@@ -161,7 +161,6 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     from automdt.experiments.policies import Continuing
     from automdt.protocol import read_secret
-    from automdt.sender import TransferOptions, parse_dest, run_transfer
 
     secret = read_secret(cfg["secret_file"]) if cfg.get("secret_file") else None
     explore = cfg.get("mode") == "explore"
@@ -181,6 +180,49 @@ def main(argv=None) -> int:
     def progress(summary, ctrl):
         if "ctrl_t0" not in seen:
             seen["ctrl_t0"] = time.time() - (time.monotonic() - ctrl.t0)
+
+    opts, dest = _options(cfg, policy, secret, fwd, progress)
+    if cfg.get("start_wall"):  # a transfer that joins at a given moment (a competing transfer)
+        time.sleep(max(0.0, float(cfg["start_wall"]) - time.time()))
+    origin_wall = float(cfg.get("origin_wall") or time.time())
+    if opts.throttle_schedule is not None:
+        from dataclasses import replace as _replace
+
+        opts = _replace(opts, schedule_t0=time.monotonic() - (time.time() - origin_wall))
+    with open(out_path + ".started", "w") as f:  # the experiment times its path events from this
+        f.write(repr(origin_wall))
+    error = None
+    out_rounds: List[Dict[str, Any]] = []
+    c0 = os.times()
+    t_start = time.monotonic()
+    try:
+        _copy(cfg, opts, dest, policy, rounds, explore, seen, out_rounds, t_start)
+    except KeyboardInterrupt:
+        error = "interrupted"
+    except Exception as e:  # report, never hang the parent
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        if fwd is not None:
+            fwd.close()
+    c1 = os.times()
+    result = _merge(out_rounds)
+    result.update(cpu_s=(c1.user + c1.system) - (c0.user + c0.system),
+                  forwarder_cpu_s=fwd.cpu_s if fwd is not None else 0.0, error=error,
+                  origin_wall=origin_wall)
+    if explore and out_rounds and error is None:
+        try:
+            result["profile"] = _fit(cfg, out_rounds)
+        except Exception as e:  # noqa: BLE001
+            result["error"] = f"fit failed: {type(e).__name__}: {e}"
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    return 0 if result["error"] is None else 1
+
+
+def _options(cfg: Dict[str, Any], policy: Any, secret: Any, fwd: Any, progress: Any) -> Tuple[Any, str]:
+    """The transfer's options from the configuration, and the destination to give it (through
+    the delay forwarder when ``fwd`` is one: the control channel and the data connections)."""
+    from automdt.sender import TransferOptions, parse_dest
 
     sched = None
     if cfg.get("throttle_schedule"):
@@ -202,60 +244,35 @@ def main(argv=None) -> int:
                            fsync=cfg.get("fsync", "none"), log_path=cfg.get("log_path"),
                            throttle_schedule=sched, data_endpoint_hook=hook, stall_s=float(cfg.get("stall_s", 60.0)),
                            sndbuf=int(cfg.get("sndbuf", 0)))
-    if cfg.get("start_wall"):  # a transfer that joins at a given moment (a competing transfer)
-        time.sleep(max(0.0, float(cfg["start_wall"]) - time.time()))
-    origin_wall = float(cfg.get("origin_wall") or time.time())
-    if sched is not None:
-        from dataclasses import replace as _replace
+    return opts, dest
 
-        opts = _replace(opts, schedule_t0=time.monotonic() - (time.time() - origin_wall))
-    with open(out_path + ".started", "w") as f:  # the experiment times its path events from this
-        f.write(repr(origin_wall))
-    error = None
-    out_rounds: List[Dict[str, Any]] = []
-    c0 = os.times()
-    t_start = time.monotonic()
-    try:
-        k = 0
-        while True:
-            left = float(cfg["max_duration_s"]) - (time.monotonic() - t_start)
-            if k > 0 and left < 2 * opts.interval_s:
-                break
-            drop_cache(cfg["src"], cfg.get("cold"))
-            target = f"{dest}/round{k}" if rounds else dest
-            seen.pop("ctrl_t0", None)
-            from dataclasses import replace
 
-            summary = run_transfer(cfg["src"], target, replace(opts, max_duration_s=max(left, opts.interval_s)))
-            out_rounds.append({"wall_t0": seen.get("ctrl_t0"), "summary": summary.as_dict(),
-                               "history": [r.to_json() for r in summary.history]})
-            if rounds and cfg.get("dest_local_root"):
-                shutil.rmtree(os.path.join(cfg["dest_local_root"], f"round{k}"), ignore_errors=True)
-            k += 1
-            if not rounds or summary.exit_code != 0:  # one copy, the duration is up, or a failure
-                break
-            if getattr(policy, "done", False) and not explore:
-                break
-    except KeyboardInterrupt:
-        error = "interrupted"
-    except Exception as e:  # report, never hang the parent
-        error = f"{type(e).__name__}: {e}"
-    finally:
-        if fwd is not None:
-            fwd.close()
-    c1 = os.times()
-    result = _merge(out_rounds)
-    result.update(cpu_s=(c1.user + c1.system) - (c0.user + c0.system),
-                  forwarder_cpu_s=fwd.cpu_s if fwd is not None else 0.0, error=error,
-                  origin_wall=origin_wall)
-    if explore and out_rounds and error is None:
-        try:
-            result["profile"] = _fit(cfg, out_rounds)
-        except Exception as e:  # noqa: BLE001
-            result["error"] = f"fit failed: {type(e).__name__}: {e}"
-    with open(out_path, "w") as f:
-        json.dump(result, f)
-    return 0 if result["error"] is None else 1
+def _copy(cfg: Dict[str, Any], opts: Any, dest: str, policy: Any, rounds: bool, explore: bool,
+          seen: Dict[str, float], out_rounds: List[Dict[str, Any]], t_start: float) -> None:
+    """Copy the source once, or (``rounds``) again into a new directory each time until the
+    duration is up, the policy is done or a copy fails; each copy's record goes to ``out_rounds``."""
+    from dataclasses import replace
+
+    from automdt.sender import run_transfer
+
+    k = 0
+    while True:
+        left = float(cfg["max_duration_s"]) - (time.monotonic() - t_start)
+        if k > 0 and left < 2 * opts.interval_s:
+            return
+        drop_cache(cfg["src"], cfg.get("cold"))
+        target = f"{dest}/round{k}" if rounds else dest
+        seen.pop("ctrl_t0", None)
+        summary = run_transfer(cfg["src"], target, replace(opts, max_duration_s=max(left, opts.interval_s)))
+        out_rounds.append({"wall_t0": seen.get("ctrl_t0"), "summary": summary.as_dict(),
+                           "history": [r.to_json() for r in summary.history]})
+        if rounds and cfg.get("dest_local_root"):
+            shutil.rmtree(os.path.join(cfg["dest_local_root"], f"round{k}"), ignore_errors=True)
+        k += 1
+        if not rounds or summary.exit_code != 0:  # one copy, the duration is up, or a failure
+            return
+        if getattr(policy, "done", False) and not explore:
+            return
 
 
 def _merge(rounds: List[Dict[str, Any]]) -> Dict[str, Any]:

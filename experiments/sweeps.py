@@ -56,9 +56,6 @@ def grid(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int]
          executor: str = "auto", parallel: int = 2, steps: int = 60, k: float = K_DEFAULT,
          timeout_min: int = 30) -> List[Dict[str, Any]]:
     """Run every (scenario, policy, seed) through submitit; write grid.csv, results.md, config.json."""
-    import csv
-    import shutil
-
     submitit = need("submitit", "a grid")
 
     from automdt.experiments.scenarios import SCENARIOS
@@ -77,18 +74,7 @@ def grid(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int]
         raise AutomdtError("--scenarios, --policies and --seeds must not be empty", errors.USAGE)
     if executor not in ("auto", "local", "slurm", "debug"):
         raise AutomdtError(f"--executor {executor}: one of auto, local, slurm, debug", errors.USAGE)
-    cluster = executor
-    if executor == "auto":  # Slurm when a controller answers (sbatch alone may be an unconfigured install)
-        import subprocess
-
-        try:
-            up = shutil.which("sinfo") is not None and subprocess.run(
-                ["sinfo", "-h"], capture_output=True, timeout=15).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            up = False
-        cluster = "slurm" if up else "local"
-    if cluster == "slurm" and shutil.which("sbatch") is None:
-        raise AutomdtError("--executor slurm: sbatch not found (use local or auto)", errors.USAGE)
+    cluster = _cluster(executor)
     os.makedirs(out_dir, exist_ok=True)
     ex = submitit.AutoExecutor(folder=os.path.join(out_dir, "submitit", "%j"), cluster=cluster)
     ex.update_parameters(timeout_min=timeout_min, slurm_array_parallelism=parallel, name="automdt-grid")
@@ -114,11 +100,42 @@ def grid(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int]
                 raise AutomdtError(f"grid job {j.job_id} failed: {str(e).strip().splitlines()[-1][:200]} "
                                    f"(logs in {out_dir}/submitit/)", errors.ERROR) from None
     wall = time.monotonic() - t0
+    _write_grid(out_dir, results, scenarios, policies, seeds, steps, k, ex.cluster, parallel, wall)
+    return results
+
+
+def _cluster(executor: str) -> str:
+    """The submitit cluster for ``--executor`` (``auto``: Slurm when a controller answers, since
+    ``sbatch`` alone may be an unconfigured install; else local)."""
+    import shutil
+
+    cluster = executor
+    if executor == "auto":
+        import subprocess
+
+        try:
+            up = shutil.which("sinfo") is not None and subprocess.run(
+                ["sinfo", "-h"], capture_output=True, timeout=15).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            up = False
+        cluster = "slurm" if up else "local"
+    if cluster == "slurm" and shutil.which("sbatch") is None:
+        raise AutomdtError("--executor slurm: sbatch not found (use local or auto)", errors.USAGE)
+    return cluster
+
+
+def _write_grid(out_dir: str, results: List[Dict[str, Any]], scenarios: Sequence[str], policies: Sequence[str],
+                seeds: Sequence[int], steps: int, k: float, cluster: str, parallel: int, wall: float) -> None:
+    """``grid.csv``, ``results.md`` (mean and minimum fraction of the oracle per scenario and
+    policy) and ``config.json`` (with the command that reruns the grid)."""
+    import csv
+
+    cells = len(scenarios) * len(policies) * len(seeds)
     with open(os.path.join(out_dir, "grid.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(results[0]))
         w.writeheader()
         w.writerows(results)
-    lines = [f"# grid: {len(cells)} cells through submitit ({ex.cluster} executor) in {wall:.1f} s", "",
+    lines = [f"# grid: {cells} cells through submitit ({cluster} executor) in {wall:.1f} s", "",
              "| scenario | policy | mean fraction of the oracle | min | settled (seed 0) |", "|---|---|---|---|---|"]
     for s in scenarios:
         for p in policies:
@@ -129,11 +146,10 @@ def grid(scenarios: Sequence[str], policies: Sequence[str], seeds: Sequence[int]
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump({"scenarios": list(scenarios), "policies": list(policies), "seeds": list(seeds), "steps": steps,
-                   "k": k, "executor": ex.cluster, "parallel": parallel, "seconds": round(wall, 2),
+                   "k": k, "executor": cluster, "parallel": parallel, "seconds": round(wall, 2),
                    "rerun": ["python", "-m", "automdt.experiments", "grid", "--scenarios", ",".join(scenarios),
                              "--policies", ",".join(policies), "--seeds", ",".join(map(str, seeds)),
                              "--steps", str(steps)]}, f, indent=2)
-    return results
 
 
 # -------------------------------------------------------------------------------------- CLI

@@ -394,6 +394,25 @@ def startup_share(S: np.ndarray, R: np.ndarray, chunk: np.ndarray, single_bps: n
     return share
 
 
+def _check_settings(num_envs: int, k: float, episode_steps: int, randomize: float, noise: float | None,
+                    substeps: int, bound_penalty: float) -> None:
+    """``ValueError`` naming the first of :class:`SimCore`'s settings out of its range."""
+    if not (num_envs >= 1):
+        raise ValueError("num_envs must be >= 1")
+    if not (k > 0):
+        raise ValueError(f"k must be > 0 (the papers use 1.02), got {k}")
+    if not (episode_steps >= 1):
+        raise ValueError(f"episode_steps must be >= 1, got {episode_steps}")
+    if not (0.0 <= randomize < 1.0):
+        raise ValueError(f"randomize is a relative spread in [0, 1), got {randomize}")
+    if not (noise is None or 0.0 <= noise <= 0.5):
+        raise ValueError(f"noise is a relative std in [0, 0.5], got {noise}")
+    if not (substeps >= 1):
+        raise ValueError(f"substeps must be >= 1, got {substeps}")
+    if not (bound_penalty >= 0.0):
+        raise ValueError(f"bound_penalty must be >= 0, got {bound_penalty}")
+
+
 class SimCore:
     """State and dynamics of N simulated transfers, as (N, ...) numpy arrays.
 
@@ -422,20 +441,7 @@ class SimCore:
             profile = Profile.default()
         if not isinstance(profile, Profile):
             raise TypeError(f"profile must be a Profile or None, got {type(profile).__name__}")
-        if not (num_envs >= 1):
-            raise ValueError("num_envs must be >= 1")
-        if not (k > 0):
-            raise ValueError(f"k must be > 0 (the papers use 1.02), got {k}")
-        if not (episode_steps >= 1):
-            raise ValueError(f"episode_steps must be >= 1, got {episode_steps}")
-        if not (0.0 <= randomize < 1.0):
-            raise ValueError(f"randomize is a relative spread in [0, 1), got {randomize}")
-        if not (noise is None or 0.0 <= noise <= 0.5):
-            raise ValueError(f"noise is a relative std in [0, 0.5], got {noise}")
-        if not (substeps >= 1):
-            raise ValueError(f"substeps must be >= 1, got {substeps}")
-        if not (bound_penalty >= 0.0):
-            raise ValueError(f"bound_penalty must be >= 0, got {bound_penalty}")
+        _check_settings(num_envs, k, episode_steps, randomize, noise, substeps, bound_penalty)
         if chunk_bytes is None:
             chunk_bytes = float(profile.meta.get("chunk_bytes", 0.0) or 0.0) if isinstance(profile.meta, dict) else 0.0
         if not (chunk_bytes >= 0.0):
@@ -471,6 +477,10 @@ class SimCore:
         self.n_uniforms = N_PARAM_UNIFORMS + self.per_interval * self.block_len
         self._init_contention_and_changes(profile, changes)
 
+        self._allocate(profile, noise)
+
+    def _allocate(self, profile: Profile, noise: float | None) -> None:
+        """Every environment's state arrays, at ``profile`` (``noise`` overriding its noise)."""
         n = self.num_envs
         self.tpt = np.tile(profile.tpt_array(), (n, 1))
         self.bw = np.tile(profile.bandwidth_array(), (n, 1))
