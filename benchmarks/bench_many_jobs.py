@@ -9,7 +9,10 @@ with the default controller, as root on a ``tc tbf`` link between two network na
 * 4 jobs of which the last starts ``--late`` seconds after the others: how many intervals it
   needs to reach 80% of its fair share;
 * 16 jobs each asking the receiver for 1 GiB of staging (``--memory``/``--max-memory`` 1Gi)
-  under ``--total-memory``: the daemon's resident memory growth against that budget.
+  under ``--total-memory``: the daemon's resident memory growth against that budget;
+* 1, 2, 4 and 8 equal jobs on loopback into the receiver's root on this machine's disk
+  (``--disk-mib`` in all, with the default ``--fsync end``): one destination disk (and the
+  machine's CPUs) shared instead of a link.
 
     .venv/bin/python benchmarks/bench_many_jobs.py --json benchmarks/results/many-jobs.json
 """
@@ -44,6 +47,33 @@ def _load(args: List[str]) -> Dict[str, Any]:
         os.unlink(out)
 
 
+def _jain(jw: Dict[str, Any], n: int) -> Dict[str, Any]:
+    """The two fairness columns: Jain's index over the bytes each job moved once all had joined
+    (the target's measure; the fairness experiment's too), and its mean over 5-s periods (short-term:
+    at a few chunks per job and period, the chunk granularity weighs in)."""
+    if n < 2:
+        return {"jain": None, "jain_periods": None}
+    return {"jain": (jw.get("all_joined") or {}).get("jain"), "jain_periods": jw.get("mean_at_max")}
+
+
+def _equal_jobs(jobs: str, total_mib: int, common: List[str], where: str) -> List[Dict[str, Any]]:
+    """One row per job count in ``jobs``: N equal jobs moving ``total_mib`` together, against the
+    first count's aggregate (one job alone when it is 1)."""
+    rows: List[Dict[str, Any]] = []
+    alone = None
+    for n in [int(x) for x in jobs.split(",")]:
+        r = _load(["--senders", str(n), "--mib", str(total_mib // n), *common])
+        agg = r["aggregate_MBps"]
+        alone = alone or agg
+        jw = r.get("jain_common_window") or {}
+        rows.append({"run": f"{n} equal job{'s' if n > 1 else ''}{where}", "ok": r["ok"],
+                     "aggregate_MBps": agg, "of_alone": round(agg / alone, 3), **_jain(jw, n),
+                     "late_intervals": None,
+                     "rss_growth_MiB": r["receiver_rss_growth_MiB"], "cap_MiB": r["memory_cap_MiB"]})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main(argv: Any = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--link-mbps", type=float, default=20.0, help="the shared link, MB/s (default 20)")
@@ -51,27 +81,19 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--jobs", default="1,2,4,8", help="comma list of job counts (default 1,2,4,8)")
     ap.add_argument("--late", type=float, default=8.0, help="seconds the late job starts after the others")
     ap.add_argument("--budget", default="512Mi", help="--total-memory of the 16-job memory run (default 512Mi)")
+    ap.add_argument("--disk-jobs", default="1,2,4,8", help="job counts of the shared-disk runs ('' for none)")
+    ap.add_argument("--disk-mib", type=int, default=1024, help="MiB all jobs of a shared-disk run move (default 1024)")
     ap.add_argument("--json", metavar="FILE", help="write a results file")
     a = ap.parse_args(argv)
     common = ["--link-mbps", str(a.link_mbps), "--policies", "default", "--files", "4", "--memory", "64Mi",
               "--max-memory", "1Gi"]
-    rows: List[Dict[str, Any]] = []
-    alone = None
-    for n in [int(x) for x in a.jobs.split(",")]:
-        r = _load(["--senders", str(n), "--mib", str(a.total_mib // n), *common])
-        agg = r["aggregate_MBps"]
-        alone = agg if n == 1 else alone
-        jw = r.get("jain_common_window") or {}
-        rows.append({"run": f"{n} equal job{'s' if n > 1 else ''}", "ok": r["ok"],
-                     "aggregate_MBps": agg, "of_alone": round(agg / alone, 3) if alone else None,
-                     "jain": jw.get("mean_at_max") if n > 1 else None, "late_intervals": None,
-                     "rss_growth_MiB": r["receiver_rss_growth_MiB"], "cap_MiB": r["memory_cap_MiB"]})
-        print(json.dumps(rows[-1]), flush=True)
+    rows = _equal_jobs(a.jobs, a.total_mib, common, "")
+    alone = rows[0]["aggregate_MBps"] if rows and rows[0]["run"].startswith("1 ") else None
     r = _load(["--senders", "4", "--mib", str(a.total_mib // 4), "--late", str(a.late), *common])
     lj = r.get("late_joiner") or {}
     jw = r.get("jain_common_window") or {}
     rows.append({"run": f"4 jobs, the last {a.late:g} s late", "ok": r["ok"], "aggregate_MBps": r["aggregate_MBps"],
-                 "of_alone": round(r["aggregate_MBps"] / alone, 3) if alone else None, "jain": jw.get("mean_at_max"),
+                 "of_alone": round(r["aggregate_MBps"] / alone, 3) if alone else None, **_jain(jw, 4),
                  "late_intervals": lj.get("intervals_to_80pct"), "rss_growth_MiB": r["receiver_rss_growth_MiB"],
                  "cap_MiB": r["memory_cap_MiB"]})
     print(json.dumps(rows[-1]), flush=True)
@@ -79,18 +101,24 @@ def main(argv: Any = None) -> int:
                "--files", "4", "--memory", "1Gi", "--max-memory", "1Gi", "--total-memory", a.budget])
     jw = r.get("jain_common_window") or {}
     rows.append({"run": f"16 jobs asking 1 GiB each, --total-memory {a.budget}", "ok": r["ok"],
-                 "aggregate_MBps": r["aggregate_MBps"], "of_alone": None, "jain": jw.get("mean_at_max"),
+                 "aggregate_MBps": r["aggregate_MBps"], "of_alone": None, **_jain(jw, 16),
                  "late_intervals": None, "rss_growth_MiB": r["receiver_rss_growth_MiB"], "cap_MiB": r["memory_cap_MiB"]})
     print(json.dumps(rows[-1]), flush=True)
+    if a.disk_jobs:
+        disk = list(common)
+        disk[disk.index("--link-mbps") + 1] = "0"  # loopback: the root's disk is what they share
+        rows += _equal_jobs(a.disk_jobs, a.disk_mib, disk, ", loopback into the disk")
     if a.json:
         cols = [("run", "run"), ("ok", "all exit 0, trees identical, memory within"), ("aggregate_MBps", "aggregate MB/s"),
-                ("of_alone", "/ one job alone"), ("jain", "Jain (periods with >= 3/4 active)"),
+                ("of_alone", "/ one job alone"), ("jain", "Jain, all joined"),
+                ("jain_periods", "Jain per 5-s period (>= 3/4 active)"),
                 ("late_intervals", "late job: intervals to 80% of its share"),
                 ("rss_growth_MiB", "daemon RSS growth MiB"), ("cap_MiB", "memory cap MiB")]
         results_file.write(
             a.json, "Many jobs into one receiver",
             f"one automdt receive and N automdt transfer (default controller) on a {a.link_mbps:g} MB/s tbf link "
-            f"between two network namespaces; {a.total_mib} MiB in all per run; one run each",
+            f"between two network namespaces, {a.total_mib} MiB in all per run; the disk runs on loopback into "
+            f"a root on this machine's disk, {a.disk_mib} MiB in all; one run each",
             [results_file.table("many-jobs", "Jobs sharing one link and one receiver", cols, rows)])
     return 0 if all(r["ok"] for r in rows) else 1
 

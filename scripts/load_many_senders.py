@@ -357,7 +357,9 @@ def _window_jain(work, sums, ends, bin_s=5.0):
     are the active ones, and Jain's index is taken over the bytes each of them moved in that bin.
     Returns ({"mean": index averaged over bins with at least 2 active senders, weighted by how many
     were active, "bins": how many such bins, "max_active": most senders active in one bin,
-    "mean_at_max": mean over the bins where at least 3/4 of max_active were active}, (first, last)).
+    "mean_at_max": mean over the bins where at least 3/4 of max_active were active, "all_joined":
+    {"seconds", "jain"} over the bytes each sender moved while all of them ran, or None when that
+    window is shorter than two bins}, (first, last)).
     """
     recs = []
     for i, (s, end) in enumerate(zip(sums, ends)):
@@ -388,9 +390,16 @@ def _window_jain(work, sums, ends, bin_s=5.0):
         return None, (t0, t1)
     mx = max(n for n, _ in per_bin)
     top = [j for n, j in per_bin if n >= 0.75 * mx]
+    # once all have joined: from the last sender's first interval to the first sender's last one,
+    # the bytes each moved (the fairness experiment's measure: means over the window both ran)
+    lo, hi = max(rows[0][0] for rows in recs), min(rows[-1][0] for rows in recs)
+    together = None
+    if len(recs) >= 2 and hi - lo >= 2 * bin_s:
+        together = {"seconds": round(hi - lo, 1),
+                    "jain": round(jain([sum(x for t, x in rows if lo < t <= hi) for rows in recs]), 4)}
     return ({"mean": round(sum(n * j for n, j in per_bin) / sum(n for n, _ in per_bin), 4), "bins": len(per_bin),
-             "bin_s": bin_s,
-             "max_active": mx, "mean_at_max": round(sum(top) / len(top), 4)}, (t0, t1))
+             "bin_s": bin_s, "max_active": mx, "mean_at_max": round(sum(top) / len(top), 4),
+             "all_joined": together}, (t0, t1))
 
 
 def _print(r):
@@ -410,7 +419,8 @@ def _print(r):
     jw = r["jain_common_window"] or {}
     print(f"  Jain's fairness index: whole runs (bytes / own seconds) {r['jain_whole_runs']}; per {jw.get('bin_s')}-s period over "
           f"the senders active through it: mean {jw.get('mean')} over {jw.get('bins')} periods, {jw.get('mean_at_max')} while "
-          f">= 3/4 of the peak {jw.get('max_active')} were active")
+          f">= 3/4 of the peak {jw.get('max_active')} were active; once all had joined "
+          f"{(jw.get('all_joined') or {}).get('jain')} over {(jw.get('all_joined') or {}).get('seconds')} s")
     if r.get("late_joiner"):
         lj = r["late_joiner"]
         print(f"  late joiner: 80% of its fair share ({lj['fair_share_MBps']} MB/s) after {lj['intervals_to_80pct']} "
