@@ -26,6 +26,10 @@ scored intervals delivering less than half of the oracle's rate. Per family and 
 tables give the mean, 5th percentile and worst over cases (each case the mean of its repetitions),
 with bootstrap 95% intervals over cases, and the paired difference to the model-based controller.
 
+With the ``competing`` family, the simulator half also runs :mod:`automdt.experiments.shared_link`:
+the competing transfers as controllers of their own (N jobs on one link, with and without the
+receiver's connection share), written beside the tables as ``shared-link.md``.
+
 The engine half is :mod:`automdt.experiments.ablation_engine`.
 """
 from __future__ import annotations
@@ -472,6 +476,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = run_sim(cases, labels, reps=reps, workers=a.workers)
         path = write_sim_results(out_dir, cases, rows, reps, time.monotonic() - t0)
         print(sim_tables(path))
+        if "competing" in {c.family for c in cases}:  # the competing transfer, reacting: N jobs on one link
+            from automdt.experiments import shared_link
+
+            shared = shared_link.shared_cases(1 if a.quick else 12)
+            t0 = time.monotonic()
+            shared_rows = shared_link.run_all(shared, reps=1 if a.quick else 2)
+            print(shared_link.write_results(out_dir, shared, shared_rows, 1 if a.quick else 2, time.monotonic() - t0))
     if a.part in ("engine", "all"):
         from automdt.experiments.ablation_engine import run_ablation_engine
 

@@ -982,6 +982,8 @@ MODULE_EXPERIMENTS: Dict[str, Tuple[str, bool, str]] = {
     "residual": ("residual", False, "a learned residual on the capacity controller: train, then score"),
     "selector": ("selector", False, "a general learned selector on the capacity controller: train, then score"),
     "parity": ("parity", False, "the same path and thread schedule in the simulator and on the engine"),
+    "shared-link": ("shared_link", False, "several jobs with their own controllers on one simulated link, with "
+                    "and without the receiver's connection share"),
     "rao": ("rao", False, "Rao et al.'s concave-convex throughput profiles against RTT"),
     "tune": ("sweeps", True, "an Optuna study over PPO and reward settings (shared storage)"),
     "grid": ("sweeps", True, "scenario x policy x seed in the simulator through submitit"),
