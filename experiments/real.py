@@ -528,23 +528,7 @@ def write_real_results(st: Any, rd: RunDir, names: Sequence[str], labels: Sequen
         if info.get("skipped_policies"):
             lines += ["Policies not run: " + "; ".join(f"**{k}**: {v}" for k, v in info["skipped_policies"].items()), ""]
         ref = oracle_rate(runs, orc)
-        head = ["policy", "MB/s", "of oracle", "interval mean MB/s", "2nd half MB/s", "90% of oracle at s",
-                "threads after (r,n,w)", "mean threads (r,n,w)", "CPU % both ends", "forwarder CPU s"]
-        rows = []
-        for r in runs:
-            m = r.metrics
-            rows.append([r.policy, M.mb(m.get("active_delivered_bps")), M.fmt(_frac(r, ref), 2),
-                         M.mb(m.get("mean_delivered_bps")),
-                         M.mb(m.get("second_half_delivered_bps")), M.fmt(m.get("conv_s"), 1),
-                         ",".join(M.fmt(m.get(f"after_median_{s}"), 0) for s in STAGES),
-                         ",".join(M.fmt(m.get(f"mean_threads_{s}"), 1) for s in STAGES),
-                         M.fmt(r.extra.get("cpu_pct_both_ends"), 0), M.fmt(r.extra.get("forwarder_cpu_s"), 1)])
-            if r.error:
-                rows[-1][0] += f" (error: {r.error[:60]})"
-        lines += [M.md_table(head, rows), "",
-                  f"MB/s: bytes written over the copies' own time (rounds' gaps excluded); *of oracle*: over the "
-                  f"`oracle` run's {ref / MB:.1f} MB/s measured the same way (the grid measured "
-                  f"{orc['throughput_bps'] / MB:.1f}); *interval mean*: the mean of the 1-s interval rates.", ""]
+        lines += _path_table(runs, orc, ref)
         if runs:
             plots.timeseries_grid(rd.file(f"real-{name}.png"), f"{name}: threads and stage throughputs", runs,
                                   orc["throughput_bps"], orc["triple"])
@@ -576,13 +560,34 @@ def write_real_results(st: Any, rd: RunDir, names: Sequence[str], labels: Sequen
             "sim_to_real": list(s2r)}
 
 
+def _path_table(runs: Sequence[RunResult], orc: Dict[str, Any], ref: float) -> List[str]:
+    """A path's table of the policies that ran on it (``ref``: the oracle run's rate) and its legend."""
+    head = ["policy", "MB/s", "of oracle", "interval mean MB/s", "2nd half MB/s", "90% of oracle at s",
+            "threads after (r,n,w)", "mean threads (r,n,w)", "CPU % both ends", "forwarder CPU s"]
+    rows = []
+    for r in runs:
+        m = r.metrics
+        rows.append([r.policy, M.mb(m.get("active_delivered_bps")), M.fmt(_frac(r, ref), 2),
+                     M.mb(m.get("mean_delivered_bps")),
+                     M.mb(m.get("second_half_delivered_bps")), M.fmt(m.get("conv_s"), 1),
+                     ",".join(M.fmt(m.get(f"after_median_{s}"), 0) for s in STAGES),
+                     ",".join(M.fmt(m.get(f"mean_threads_{s}"), 1) for s in STAGES),
+                     M.fmt(r.extra.get("cpu_pct_both_ends"), 0), M.fmt(r.extra.get("forwarder_cpu_s"), 1)])
+        if r.error:
+            rows[-1][0] += f" (error: {r.error[:60]})"
+    return [M.md_table(head, rows), "",
+            f"MB/s: bytes written over the copies' own time (rounds' gaps excluded); *of oracle*: over the "
+            f"`oracle` run's {ref / MB:.1f} MB/s measured the same way (the grid measured "
+            f"{orc['throughput_bps'] / MB:.1f}); *interval mean*: the mean of the 1-s interval rates.", ""]
+
+
 def _sim_to_real_lines(rd: RunDir, s2r: Sequence[Dict[str, Any]], checks: List[Tuple[str, Optional[bool], str]]
                        ) -> List[str]:
     """The sim-to-real section of ``results.md`` (its plot written, its check appended to ``checks``)."""
     lines = ["## Sim-to-real", "",
-              "Each policy run in the simulator on the path's explored profile (`automdt explore` + fit, the profile "
-              "`ppo-own` trained on) for as many intervals as its real run, from the same start: simulated mean "
-              "throughput against the measured one.", ""]
+             "Each policy run in the simulator on the path's explored profile (`automdt explore` + fit, the profile "
+             "`ppo-own` trained on) for as many intervals as its real run, from the same start: simulated mean "
+             "throughput against the measured one.", ""]
     if s2r:
         head = ["scenario", "policy", "sim MB/s", "real MB/s", "sim / real", "within 10%", "sim settles at"]
         rws = [[d["scenario"], d["policy"], M.mb(d.get("sim_bps")), M.mb(d.get("real_bps")), M.fmt(d.get("ratio"), 2),
