@@ -163,7 +163,7 @@ class Controller:
         if share == self.share:
             return
         self.share = share
-        if self.history or self.start_record is not None:  # started: bring what runs within it
+        if self.start_record is not None:  # started: bring what runs within it
             held = self._clamp(self.threads, self.max_threads)
             if held != self.threads:
                 self.threads = held

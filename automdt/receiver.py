@@ -35,7 +35,8 @@ TOTAL_THREADS = 256
 """Write threads of all sessions of one receiver together (``--total-threads``)."""
 TOTAL_CONNECTIONS = 64
 """Data connections of all sessions of one receiver together (``--total-connections``): the
-senders' network threads, one TCP connection each."""
+senders' network threads, one TCP connection each. Twice a sender's default thread bound (32), so
+that one or two jobs never feel it and more divide it."""
 
 
 class Share(NamedTuple):
@@ -48,6 +49,7 @@ class Share(NamedTuple):
     connections: int
     """Data connections, that is the sender's network threads (its controller is told in every
     ``status`` reply and keeps its network count within it)."""
+
 
 __all__ = ["ReceiverServer", "Share", "Session", "SessionError", "is_loopback"]
 

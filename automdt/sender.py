@@ -769,7 +769,8 @@ class _Transfer:
         ctrl.start_notes["chunk_bytes"] = self.chunk_size
         if self.share:
             ctrl.set_share(*self.share)
-            if self.share[0] < self.o.max_threads or self.share[1] < (self.receiver_max_threads or self.share[1] + 1):
+            connections, writers = self.share
+            if connections < self.o.max_threads or (self.receiver_max_threads or writers) > writers:
                 ctrl.start_notes["receiver_share"] = list(self.share)  # it bounds this run
         to_send = sum(self.m.files[i].size for i in self.pending)
         if 0 < to_send <= self.o.memory:

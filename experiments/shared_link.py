@@ -11,8 +11,8 @@ the other jobs' connections in the same interval: TCP shares a full link per con
 link the connections do not fill gives each its own rate.
 
 With ``share``, each job's network count is clamped to ``total // N`` connections, as
-``automdt receive --total-connections`` (:data:`automdt.receiver.TOTAL_CONNECTIONS`) divides its
-budget and the sender's controller keeps within it. Reported per job count and controller: the
+``automdt receive --total-connections`` (default :data:`automdt.receiver.TOTAL_CONNECTIONS`)
+divides its budget and the sender's controller keeps within it. Reported per job count and controller: the
 jobs' delivered rate together over the link's bandwidth, Jain's index over what each delivered,
 and the connections all jobs ran, over the scored intervals ``[SCORE_FROM, STEPS)``, as means over
 cases with bootstrap 95% intervals.
@@ -30,14 +30,12 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from automdt.experiments.ablation import HELD_OUT_SEED, K, SCORE_FROM, STEPS, Case, _logu, bootstrap, make_controller
+from automdt.receiver import TOTAL_CONNECTIONS
 from automdt.simulator.profile import Profile, StageProfile
 
 JOBS = (2, 4, 8)
 CONTROLLERS = ("default", "marlin", "model")
 """The default and the baselines whose network count reacts to the link (a fixed triple does not)."""
-TOTAL_CONNECTIONS = 64
-"""The receiver's default connection budget (``--total-connections``; the receiver module's
-constant, restated so that the simulator half imports no control-channel code)."""
 MiB = 2 ** 20
 
 

@@ -11,17 +11,20 @@ from automdt.transfer_engine.engine import BufferStats, ReceiverStats, SenderSta
 
 
 class Recorder:
+    """Starts at ``start``, then asks for ``ask`` every interval, and keeps what it saw."""
+
     name = "recorder"
 
-    def __init__(self):
+    def __init__(self, start=(2, 3, 4), ask=(3, 3, 4)):
         self.seen = []
+        self._start, self._ask = start, ask
 
     def reset(self, max_threads, seed=None):
-        return (2, 3, 4)
+        return self._start
 
     def act(self, obs):
         self.seen.append(obs)
-        return (3, 3, 4)
+        return self._ask
 
 
 def _stats(t, nbytes, segs, retrans, threads=(2, 3)):
@@ -65,16 +68,7 @@ def test_the_policy_sees_and_the_log_shows_the_counts_the_engines_run():
     """The receiver clamps write threads to its --max-threads: the observation and the record carry
     the count it reports, not the one asked for; the controller never asks above the bound of the
     receiver's ``opened`` reply (``write_max``)."""
-
-    class Greedy(Recorder):
-        def reset(self, max_threads, seed=None):
-            return (2, 3, 8)
-
-        def act(self, obs):
-            self.seen.append(obs)
-            return (8, 8, 8)
-
-    pol, applied = Greedy(), []
+    pol, applied = Recorder((2, 3, 8), (8, 8, 8)), []
     c = Controller(pol, applied.append, interval_s=1.0, max_threads=8)
     c.start()
     c.tick(_stats(0.0, 0, 0, 0), _rx(0, write_threads=2), now=10.0)
@@ -83,7 +77,7 @@ def test_the_policy_sees_and_the_log_shows_the_counts_the_engines_run():
     assert rec.to_json()["threads"] == {"read": 2, "net": 3, "write": 2}
     assert applied[-1] == (8, 8, 8)
     # told the receiver's bound, the controller applies and logs what will run
-    pol, applied = Greedy(), []
+    pol, applied = Recorder((2, 3, 8), (8, 8, 8)), []
     c = Controller(pol, applied.append, interval_s=1.0, max_threads=8, write_max=2)
     assert c.start() == (2, 3, 2) and applied == [(2, 3, 2)]
     c.tick(_stats(0.0, 0, 0, 0), _rx(0, write_threads=2), now=10.0)
@@ -97,16 +91,7 @@ def test_the_receivers_share_bounds_network_and_write_counts_and_follows_it_both
     """A receiver serving several jobs gives each a share of its connections and write threads: the
     controller starts within it, brings running counts down at once when it shrinks (another job
     joined), and lets the policy have more again when it grows (a job ended)."""
-
-    class Greedy(Recorder):
-        def reset(self, max_threads, seed=None):
-            return (4, 16, 16)
-
-        def act(self, obs):
-            self.seen.append(obs)
-            return (6, 16, 16)
-
-    pol, applied = Greedy(), []
+    pol, applied = Recorder((4, 16, 16), (6, 16, 16)), []
     c = Controller(pol, applied.append, interval_s=1.0, max_threads=32)
     c.set_share(8, 12)
     assert c.start() == (4, 8, 12) and applied == [(4, 8, 12)]
