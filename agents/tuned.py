@@ -22,9 +22,10 @@ busy, sampled as the capacity controller samples it) is compared with what the e
 predicts at ``n`` (:attr:`TunedPolicy.trust`, written by training: the neighbourhood's reach). When
 a stage carries less than the lower bound, or more than the upper one, in :data:`DISTRUST`
 consecutive samples, the network is retired for the rest of the run and the capacity controller
-drives alone: the default, with the samples it has taken since the transfer started (its own change
-detection has already dropped those of a stage that moved), so it acts on the path it finds
-without measuring it again from a cold start.
+drives alone: the default, with the exact samples it has taken since the transfer started (its own
+change detection drops those of a stage that moved) and without its upper bounds (taken on the
+explored path, at counts it may not run again), so it acts on the path it finds without measuring
+it again from a cold start.
 
 A file without a network (``learned: none`` in its metadata: training found no gain that held
 on the validation paths) runs the capacity controller from the profile's optimum, or from the
@@ -200,6 +201,7 @@ class TunedPolicy(PolicyBase):
             self._outside[s] = self._outside[s] + 1 if not lo <= ratio <= hi else 0
             if self._outside[s] >= DISTRUST:
                 self.retired = f"{STAGES[s]} carried {ratio:.2g}x the explored capacity at {n} threads"
+                self.base.forget_bounds()
                 return
 
     def observe(self, obs: Observation) -> List[float]:

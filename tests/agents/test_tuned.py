@@ -215,3 +215,45 @@ def test_a_written_sidecar_matches_its_schema_and_the_help_states_the_budget(tmp
         jsonschema.Draft202012Validator(schema).validate(dict(meta, learned="everything"))
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     assert str(DEFAULT_TIMESTEPS) in train.format_help().replace(",", "")
+
+
+# An engine run (automdt transfer --policy FILE.zip --log) on a path explored read-bound (6 MB/s per
+# reader, 48 MB/s) whose bottleneck moved to the network (4 MB/s per connection, 48 MB/s) 3 s in:
+# per interval (threads, bytes/s, busy s, wait s, buffer fill, interval s), as the log recorded them.
+_DRIFT_LOG = [
+    ((8, 2, 2), (18761901, 0, 0), (4.0177, 0.0, 0.0), (0.0001, 1.0045, 1.0059), (0.125, 0.0), 0.5030),
+    ((8, 2, 2), (53965155, 66418653, 66418653), (4.0427, 0.0, 0.0124), (0.0007, 1.0108, 0.9983), (0.125, 0.0), 0.5052),
+    ((32, 2, 1), (58735742, 61827096, 61827096), (32.5223, 0.0001, 0.0237), (0.0075, 2.0352, 1.0942), (0.5, 0.0), 1.0176),
+    ((32, 2, 1), (253212994, 45106768, 45106768), (32.5911, 0.0941, 0.0156), (0.1404, 1.9516, 1.0073), (1.0, 0.0), 1.0228),
+    ((32, 1, 1), (63714807, 8356040, 4178020), (0.2115, 2.0049, 0.0025), (31.9101, 0.0, 1.0013), (1.0, 0.0156), 1.0039),
+    ((14, 8, 2), (0, 0, 4175928), (0.0, 8.0277, 0.0005), (15.4321, 0.0011, 1.9864), (1.0, 0.0), 1.0044),
+    ((14, 8, 2), (33462595, 33462595, 33462595), (0.0043, 8.0231, 0.0117), (14.0361, 0.0, 1.994), (1.0, 0.0), 1.0027),
+]
+
+
+class _Following:
+    """An actor that always takes the capacity controller's proposal."""
+
+    def mode(self, x):
+        return np.full((1, 3), T.CAPACITY)
+
+
+def test_after_the_path_moved_the_retired_file_sizes_the_new_bottleneck_for_the_rate():
+    from automdt.agents.tuned_training import Prior
+    from automdt.policy_contract import Observation
+
+    lower = {"tpt_measured": False}
+    prof = Profile(read=StageProfile(6.06 * MB, 47.8 * MB), net=StageProfile(45.9 * MB, 1468 * MB),
+                   write=StageProfile(45.5 * MB, 1455 * MB), sender_buffer=256 << 20, receiver_buffer=256 << 20,
+                   interval_s=1.0, max_threads=32, noise=0.01,
+                   meta={"fit": {"confidence": {"net": lower, "write": lower}}})
+    prior = Prior.of(prof)
+    policy = prior.policy(_Following(), "prior", 32)
+    assert policy.reset(32) == prior.threads and prior.threads[1] <= 2  # few connections: the network was fast
+    for threads, rate, busy, wait, fill, interval in _DRIFT_LOG:
+        out = policy.act(Observation(threads=threads, throughput_bps=rate, buffer_fill=fill, interval_s=interval,
+                                     max_threads=32, busy_s=busy, wait_s=wait))
+    assert policy.retired is not None
+    # eight connections carried 33.5 MB/s: 48 MB/s needs 12 of them, whatever the explored path's
+    # fast network once claimed at two
+    assert out[1] >= 12, out
