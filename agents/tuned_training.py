@@ -89,16 +89,23 @@ class Report:
 
 # ---------------------------------------------------------------------------------- training
 def make_vec_env(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.random.Generator], Episode],
-                 num_envs: int, seed: int, k: float = K_DEFAULT) -> Any:
+                 num_envs: int, seed: int, k: float = K_DEFAULT, *, obs_dim: int = T.FRAME_DIM * T.FRAME_STACK,
+                 choices: int = len(T.CHOICES), shadow: Optional[Callable[[int], Any]] = None) -> Any:
     """An SB3 ``VecEnv`` of ``num_envs`` simulated transfers: each episode drawn by ``sample``, each
-    driven by an agent from ``new_agent`` (a :class:`~automdt.agents.tuned.TunedPolicy` whose
-    network is the one being trained) under the shield."""
+    driven by an agent from ``new_agent`` (a :class:`~automdt.agents.tuned.TunedPolicy`, or a
+    subclass with ``obs_dim`` inputs and ``choices`` per stage, whose network is the one being
+    trained) under the shield.
+
+    With ``shadow`` (a factory of a baseline policy for a thread bound), every episode runs a
+    second time beside the agent's, on the same path with the same noise, driven by that baseline
+    under the shield, and the reward is the interval's advantage over it (both as fractions of the
+    oracle): what the network adds, with the path's difficulty taken out."""
     from automdt.simulator.env import BufferSimEnv
     from automdt.simulator.sb3 import ControllerVecEnv
 
     class TunedVecEnv(ControllerVecEnv):
         def __init__(self) -> None:
-            super().__init__(num_envs, T.FRAME_DIM * T.FRAME_STACK, [len(T.CHOICES)] * 3)
+            super().__init__(num_envs, obs_dim, [choices] * 3)
             self.rng = np.random.default_rng(seed)
             self.agents = [new_agent() for _ in range(num_envs)]
             self.shields = [Shield(None) for _ in range(num_envs)]
@@ -109,6 +116,8 @@ def make_vec_env(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.ra
             self.best: List[Dict[int, float]] = [{} for _ in range(num_envs)]
             """Per env, the oracle's utility of each profile of its episode (keyed by id while the episode holds them)."""
             self.finished: List[float] = []
+            self.shadows: List[Any] = [None] * num_envs
+            """Per env, the baseline's (policy, env, last observation), with ``shadow``."""
 
         def new_episode(self, i: int) -> np.ndarray:
             ep = sample(self.rng)
@@ -116,9 +125,15 @@ def make_vec_env(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.ra
             env = BufferSimEnv(ep.profile, k=k, episode_steps=NB.STEPS, random_start=False, chunk_bytes=ep.chunk_bytes)
             start = self.agents[i].reset(m)
             self.shields[i].reset_state(m)
-            _, info = env.reset(seed=int(self.rng.integers(1 << 30)), options={"threads": start})
+            noise_seed = int(self.rng.integers(1 << 30))
+            _, info = env.reset(seed=noise_seed, options={"threads": start})
             self.envs[i], self.episodes[i], self.steps[i], self.returns[i] = env, ep, 0, 0.0
             self.best[i] = {}
+            if shadow is not None:
+                base = Shield(shadow(m), max_threads=m)
+                twin = BufferSimEnv(ep.profile, k=k, episode_steps=NB.STEPS, random_start=False, chunk_bytes=ep.chunk_bytes)
+                _, twin_info = twin.reset(seed=noise_seed, options={"threads": base.reset(m)})
+                self.shadows[i] = [base, twin, twin_info["observation"]]
             return np.asarray(self.agents[i].observe(info["observation"]), dtype=np.float32)
 
         def step_one(self, i: int, action: np.ndarray) -> Tuple[np.ndarray, float, bool]:
@@ -133,12 +148,22 @@ def make_vec_env(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.ra
             if id(p) not in best:
                 best[id(p)] = NB.oracle_delivered(p, k)
             _, _, _, truncated, info = env.step_threads(threads)
-            self.steps[i] += 1
             r = NB.delivered_utility(info, k) / best[id(p)]
             self.returns[i] += r
+            reward = r
+            if shadow is not None:
+                base, twin, twin_obs = self.shadows[i]
+                twin_threads = base.act(twin_obs)
+                for at, prof in ep.events:
+                    if at == self.steps[i]:
+                        twin.set_path(prof)
+                _, _, _, _, twin_info = twin.step_threads(tuple(int(x) for x in twin_threads))
+                self.shadows[i][2] = twin_info["observation"]
+                reward = r - NB.delivered_utility(twin_info, k) / best[id(p)]
+            self.steps[i] += 1
             if truncated:
                 self.finished.append(self.returns[i] / self.steps[i])
-            return np.asarray(agent.observe(info["observation"]), dtype=np.float32), r, bool(truncated)
+            return np.asarray(agent.observe(info["observation"]), dtype=np.float32), reward, bool(truncated)
 
     return TunedVecEnv()
 
@@ -146,20 +171,23 @@ def make_vec_env(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.ra
 def learn(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.random.Generator], Episode], timesteps: int,
           seed: int = 0, k: float = K_DEFAULT,
           max_seconds: Optional[float] = None, progress: bool = False, tensorboard_log: Optional[str] = None,
-          curve: Optional[List[Tuple[int, float, float]]] = None) -> Tuple[Dict[str, Any], int, str]:
+          curve: Optional[List[Tuple[int, float, float]]] = None, *, obs_dim: int = T.FRAME_DIM * T.FRAME_STACK,
+          choices: int = len(T.CHOICES), shadow: Optional[Callable[[int], Any]] = None,
+          keep_bias: float = T.KEEP_BIAS) -> Tuple[Dict[str, Any], int, str]:
     """Train the selector network of the agents ``new_agent`` makes on episodes ``sample`` draws;
     returns (its actor's float32 arrays, timesteps run, why it stopped).
 
     ``curve`` (if given) receives ``(timesteps, wall seconds, mean fraction of the oracle of the
     episodes finished since the last rollout)`` after every rollout; TensorBoard gets the same
-    fraction as ``rollout/fraction_of_oracle``."""
+    fraction as ``rollout/fraction_of_oracle``. ``obs_dim``, ``choices`` and ``shadow`` are
+    :func:`make_vec_env`'s; ``keep_bias`` is the lead of ``capacity`` when training starts."""
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
 
     torch.set_num_threads(1)
     num_envs = 16
-    venv = make_vec_env(new_agent, sample, num_envs, seed + 1, k)
+    venv = make_vec_env(new_agent, sample, num_envs, seed + 1, k, obs_dim=obs_dim, choices=choices, shadow=shadow)
     model = PPO("MlpPolicy", venv, n_steps=64, batch_size=256, n_epochs=5, gamma=0.9, gae_lambda=0.9,
                 learning_rate=3e-4, ent_coef=0.003, policy_kwargs={"net_arch": list(NET_ARCH)}, seed=seed,
                 device="cpu", verbose=0, tensorboard_log=tensorboard_log)
@@ -167,7 +195,7 @@ def learn(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.random.Ge
         bias = model.policy.action_net.bias
         bias.zero_()
         for s in range(3):
-            bias[s * len(T.CHOICES) + T.CAPACITY] = T.KEEP_BIAS
+            bias[s * choices + T.CAPACITY] = keep_bias
     t0 = time.monotonic()
     state = {"reason": "timesteps"}
 

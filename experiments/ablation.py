@@ -204,6 +204,11 @@ def make_controller(label: str, case: Case) -> Any:
         from automdt.experiments.selector import load
 
         return Shield(load(label.split(":", 1)[1], m), max_threads=m)
+    if label.startswith("prober:"):  # a general prober file (experiments/prober.py), under the shield
+        from automdt.agents.shield import Shield
+        from automdt.experiments.prober import load as load_prober
+
+        return Shield(load_prober(label.split(":", 1)[1], m), max_threads=m)
     if label == "residual":  # the learned residual on the capacity controller (experiments/residual.py)
         from automdt.experiments.residual import ResidualPolicy
 
@@ -464,7 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for lab in labels:
             if lab not in ("default", "best-static", "residual", "capacity-true", "oracle-lag1") \
-                    and not lab.startswith("selector:"):
+                    and not lab.startswith(("selector:", "prober:")):
                 try:
                     check_spec(lab)
                 except ValueError as e:

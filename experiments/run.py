@@ -981,6 +981,8 @@ MODULE_EXPERIMENTS: Dict[str, Tuple[str, bool, str]] = {
     "workflow": ("workflow", False, "explore -> train -> the trained file beside the default, in the simulator"),
     "residual": ("residual", False, "a learned residual on the capacity controller: train, then score"),
     "selector": ("selector", False, "a general learned selector on the capacity controller: train, then score"),
+    "prober": ("prober", False, "a general learned prober on the capacity controller, trained on its advantage "
+               "over the default: train, then score"),
     "parity": ("parity", False, "the same path and thread schedule in the simulator and on the engine"),
     "shared-link": ("shared_link", False, "several jobs with their own controllers on one simulated link, with "
                     "and without the receiver's connection share"),

@@ -83,13 +83,20 @@ def train(timesteps: int, out: str, seed: int = 0) -> str:
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m automdt.experiments.selector", description=__doc__.split("\n\n")[0])
+def train_parser(name: str, doc: str, what: str) -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command line of a general learned controller's experiment ``name``: the parser and its
+    ``train`` subcommand (``--timesteps``, ``--seeds``, ``-o``), for ``what`` (a noun phrase)."""
+    p = argparse.ArgumentParser(prog=f"python -m automdt.experiments {name}", description=doc.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train the general selector on the training families, one file per seed")
+    t = sub.add_parser("train", help=f"train {what} on the training families, one file per seed")
     t.add_argument("--timesteps", type=int, default=300_000, help="intervals of training per seed (default 300000)")
     t.add_argument("--seeds", default="0", help="comma list of seeds (default 0)")
     t.add_argument("-o", "--out", required=True, help="directory for seed<N>.zip")
+    return p, t
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p, _ = train_parser("selector", __doc__, "the general selector")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     for seed in (int(x) for x in a.seeds.split(",")):
