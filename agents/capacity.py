@@ -224,18 +224,6 @@ class CapacityPolicy(PolicyBase):
             cap = n * finite(obs.throughput_bps[s]) * obs.interval_s / busy
             self.stages[s].add(n, cap, busy >= BUSY * (busy + wait))
 
-    def forget_bounds(self) -> None:
-        """Drop every sample that measured only an upper bound (a stage that waited on a buffer).
-
-        For a caller that knows the path changed: a bound taken before the change claims a
-        capacity the path may no longer have, at a count the controller may not run again (where
-        its own change detection would find it); exact samples stay until that detection drops them.
-        """
-        for st in self.stages:
-            for n in [n for n in st.table if not st.exact.get(n, False)]:
-                del st.table[n]
-                st.exact.pop(n, None)
-
     def solve(self) -> Tuple[Triple, float, float]:
         """The utility-optimal counts on the measured curves, their predicted utility and the
         predicted utility of the current counts."""

@@ -21,11 +21,8 @@ nothing on a path far from them. Each stage's measured capacity (its ``n`` threa
 busy, sampled as the capacity controller samples it) is compared with what the explored profile
 predicts at ``n`` (:attr:`TunedPolicy.trust`, written by training: the neighbourhood's reach). When
 a stage carries less than the lower bound, or more than the upper one, in :data:`DISTRUST`
-consecutive samples, the network is retired for the rest of the run and the capacity controller
-drives alone: the default, with the exact samples it has taken since the transfer started (its own
-change detection drops those of a stage that moved) and without its upper bounds (taken on the
-explored path, at counts it may not run again), so it acts on the path it finds without measuring
-it again from a cold start.
+consecutive samples, the network is retired for the rest of the run and a fresh capacity controller
+drives alone from its start: the default, measuring the path it finds.
 
 A file without a network (``learned: none`` in its metadata: training found no gain that held
 on the validation paths) runs the capacity controller from the profile's optimum, or from the
@@ -201,14 +198,16 @@ class TunedPolicy(PolicyBase):
             self._outside[s] = self._outside[s] + 1 if not lo <= ratio <= hi else 0
             if self._outside[s] >= DISTRUST:
                 self.retired = f"{STAGES[s]} carried {ratio:.2g}x the explored capacity at {n} threads"
-                self.base.forget_bounds()
+                # a fresh capacity controller, as the default starts: from counts that measure every stage
+                self.base.reset(self.max_threads)
                 return
 
     def observe(self, obs: Observation) -> List[float]:
         """Let the capacity controller measure and propose; return the network's input."""
         self.obs = obs
+        retired = self.retired
         self._check_trust(obs)
-        self.proposal = self.base.act(obs)
+        self.proposal = self.base.act(obs) if self.retired is None or retired is not None else self.base.current
         frame = features(obs, self.proposal, clamp_triple(self.prior, self.max_threads), self.prior_tpt,
                          self.prior_rate, self.step)
         self.step += 1
