@@ -202,6 +202,61 @@ def _refine(p0: np.ndarray, lo: np.ndarray, hi: np.ndarray, fun, iters: int = 10
     return p, cost
 
 
+def _grid_candidates(t: np.ndarray, yn: np.ndarray, w: np.ndarray, b_fixed: Optional[float],
+                     score: Callable[[float, int, bool, bool], Tuple[float, float]]) -> List[Dict[str, Any]]:
+    """Pass 1 of :func:`fit_profile`: for every candidate tau_T (each measured RTT, normalised in
+    ``t``), the best pieces on a grid of (a, tau_a) and b, with the bounds the refinement keeps and
+    ``score``'s (sse, bic)."""
+    free_b = b_fixed is None
+    n = t.size
+    # Grid of curves (a, tau_a) evaluated at the measured RTTs.
+    a_grid = np.logspace(math.log10(_A_MIN), math.log10(_A_MAX), 48)
+    tau_grid = np.unique(np.concatenate([np.linspace(_TAU_MIN, _TAU_MAX, 81), t]))
+    A, TAU = np.meshgrid(a_grid, tau_grid, indexing="ij")
+    A, TAU = A.ravel(), TAU.ravel()
+    G = _g(t[None, :], A[:, None], TAU[:, None])            # (P, n)
+    wy, wgy, wgg = w * yn ** 2, w * yn * G, w * G ** 2
+    # Left sums over k <= j and right sums over k >= j (the point at tau_T counts in both).
+    L_yy, L_gy, L_gg = np.cumsum(wy), np.cumsum(wgy, axis=1), np.cumsum(wgg, axis=1)
+    R_yy = np.cumsum(wy[::-1])[::-1]
+    R_gy = np.cumsum(wgy[:, ::-1], axis=1)[:, ::-1]
+    R_gg = np.cumsum(wgg[:, ::-1], axis=1)[:, ::-1]
+    b_grid = np.array([b_fixed]) if not free_b else np.logspace(math.log10(_B_MIN), math.log10(_B_MAX), 64)
+
+    def piece_sse(yy, gy, gg, mask):
+        """min over masked curves of yy - 2 b gy + b^2 gg, for every b in b_grid: (values, argmins)."""
+        q = yy - 2.0 * b_grid[:, None] * gy[None, mask] + (b_grid ** 2)[:, None] * gg[None, mask]
+        k = np.argmin(q, axis=1)
+        return q[np.arange(b_grid.size), k], np.flatnonzero(mask)[k]
+
+    cands = []
+    for j in range(n):
+        tT = t[j]
+        has1, has2 = j > 0, j < n - 1           # j = 0: entirely convex; j = n-1: entirely concave
+        total = np.zeros(b_grid.size)
+        idx1 = idx2 = None
+        if has1:
+            q1, idx1 = piece_sse(L_yy[j], L_gy[:, j], L_gg[:, j], TAU >= tT)
+            total += q1
+        if has2:
+            q2, idx2 = piece_sse(R_yy[j], R_gy[:, j], R_gg[:, j], TAU <= tT)
+            total += q2
+        ib = int(np.argmin(total))
+        p0, lo, hi = [], [], []
+        if free_b:
+            p0.append(b_grid[ib]); lo.append(1e-3); hi.append(_B_MAX * 4)
+        if has1:
+            c = idx1[ib]
+            p0 += [A[c], TAU[c]]; lo += [_A_MIN, tT]; hi += [_A_MAX, _TAU_MAX]
+        if has2:
+            c = idx2[ib]
+            p0 += [A[c], TAU[c]]; lo += [_A_MIN, _TAU_MIN]; hi += [_A_MAX, tT]
+        sse, bic = score(float(total[ib]), j, has1, has2)
+        cands.append({"j": j, "p": np.array(p0), "lo": np.array(lo), "hi": np.array(hi), "cost": float(total[ib]),
+                      "layout": (free_b, has1, has2), "sse": sse, "bic": bic})
+    return cands
+
+
 def fit_profile(rtt_s: Sequence[float], throughput: Sequence[float], *, capacity: Optional[float] = None,
                 criterion: str = "bic") -> RaoFit:
     """Fit the concave-convex profile of Rao et al. to measurements (repeats at one RTT allowed).
@@ -228,26 +283,6 @@ def fit_profile(rtt_s: Sequence[float], throughput: Sequence[float], *, capacity
     free_b = capacity is None
     b_fixed = None if free_b else float(capacity) / ys
 
-    # Grid of curves (a, tau_a) evaluated at the measured RTTs.
-    a_grid = np.logspace(math.log10(_A_MIN), math.log10(_A_MAX), 48)
-    tau_grid = np.unique(np.concatenate([np.linspace(_TAU_MIN, _TAU_MAX, 81), t]))
-    A, TAU = np.meshgrid(a_grid, tau_grid, indexing="ij")
-    A, TAU = A.ravel(), TAU.ravel()
-    G = _g(t[None, :], A[:, None], TAU[:, None])            # (P, n)
-    wy, wgy, wgg = w * yn ** 2, w * yn * G, w * G ** 2
-    # Left sums over k <= j and right sums over k >= j (the point at tau_T counts in both).
-    L_yy, L_gy, L_gg = np.cumsum(wy), np.cumsum(wgy, axis=1), np.cumsum(wgg, axis=1)
-    R_yy = np.cumsum(wy[::-1])[::-1]
-    R_gy = np.cumsum(wgy[:, ::-1], axis=1)[:, ::-1]
-    R_gg = np.cumsum(wgg[:, ::-1], axis=1)[:, ::-1]
-    b_grid = np.array([b_fixed]) if not free_b else np.logspace(math.log10(_B_MIN), math.log10(_B_MAX), 64)
-
-    def piece_sse(yy, gy, gg, mask):
-        """min over masked curves of yy - 2 b gy + b^2 gg, for every b in b_grid: (values, argmins)."""
-        q = yy - 2.0 * b_grid[:, None] * gy[None, mask] + (b_grid ** 2)[:, None] * gg[None, mask]
-        k = np.argmin(q, axis=1)
-        return q[np.arange(b_grid.size), k], np.flatnonzero(mask)[k]
-
     def score(sse: float, j: int, has1: bool, has2: bool) -> Tuple[float, float]:
         """(3.1) with repeats' spread, and BIC on the points counted once (sse per counted point)."""
         shared = has1 and has2
@@ -258,32 +293,7 @@ def fit_profile(rtt_s: Sequence[float], throughput: Sequence[float], *, capacity
         bic = n_total * math.log(max(sse / n_eff, 1e-15)) + k * math.log(n_total)
         return sse, bic
 
-    # Pass 1: the grid, for every candidate tau_T.
-    cands = []
-    for j in range(n):
-        tT = t[j]
-        has1, has2 = j > 0, j < n - 1           # j = 0: entirely convex; j = n-1: entirely concave
-        total = np.zeros(b_grid.size)
-        idx1 = idx2 = None
-        if has1:
-            q1, idx1 = piece_sse(L_yy[j], L_gy[:, j], L_gg[:, j], TAU >= tT)
-            total += q1
-        if has2:
-            q2, idx2 = piece_sse(R_yy[j], R_gy[:, j], R_gg[:, j], TAU <= tT)
-            total += q2
-        ib = int(np.argmin(total))
-        p0, lo, hi = [], [], []
-        if free_b:
-            p0.append(b_grid[ib]); lo.append(1e-3); hi.append(_B_MAX * 4)
-        if has1:
-            c = idx1[ib]
-            p0 += [A[c], TAU[c]]; lo += [_A_MIN, tT]; hi += [_A_MAX, _TAU_MAX]
-        if has2:
-            c = idx2[ib]
-            p0 += [A[c], TAU[c]]; lo += [_A_MIN, _TAU_MIN]; hi += [_A_MAX, tT]
-        sse, bic = score(float(total[ib]), j, has1, has2)
-        cands.append({"j": j, "p": np.array(p0), "lo": np.array(lo), "hi": np.array(hi), "cost": float(total[ib]),
-                      "layout": (free_b, has1, has2), "sse": sse, "bic": bic})
+    cands = _grid_candidates(t, yn, w, b_fixed, score)
     # Pass 2: refine every continuous parameter of the two one-piece candidates and of the best
     # two-piece candidates on the grid (the grid is fine enough to rank them).
     two = sorted(range(1, n - 1), key=lambda j: cands[j][criterion])[:_REFINE_TOP]

@@ -109,28 +109,7 @@ ax.axhline(sc.achievable_bps / MB, ls="--", c="k", lw=0.8, label="achievable")
 ax.axhline(0.9 * sc.achievable_bps / MB, ls=":", c="k", lw=0.8)
 ax.set_xlabel("seconds"); ax.set_ylabel("delivered MB/s"); ax.set_ylim(bottom=0); ax.legend(fontsize=8)
 plt.show()'''),
-        md("## The same policies in the simulator\n\nThe scenario as a simulator profile (the throttles are "
-           "exactly its `min(n * tpt, B)` stages), each policy for `sim_steps` intervals, scored against the "
-           "oracle's utility."),
-        code('''from automdt.experiments.runner import PolicyUnavailable, build_policy
-from automdt.simulator.oracle import evaluate_policy_in_sim
-
-prof = sc.profile()
-rows = []
-for pol_name in policies:
-    try:
-        pol = build_policy(pol_name, sc)
-    except PolicyUnavailable as e:
-        rows.append({"policy": pol_name, "note": str(e)})
-        continue
-    tr = evaluate_policy_in_sim(pol, prof, steps=sim_steps, seed=seed)
-    rows.append({"policy": pol_name, "fraction_of_oracle": round(tr.fraction_of_oracle, 3),
-                 "settled_threads": tr.settled_threads, "oracle_threads": tr.oracle.threads,
-                 "mean_MBps": round(tr.mean_throughput_bps / MB, 1)})
-pd.DataFrame(rows)'''),
-        md("Re-run exactly: `config.json` in the run directory records the seed, the scenario, its profile, "
-           "the engine options, the policy specs (and the PPO file's hash) and the git commit, and its "
-           "`rerun` field is the equivalent command line."),
+        *_compare_policies_in_simulator(),
     ])
 
 
@@ -211,42 +190,7 @@ rep = train(profile, os.path.join(work, "policy.zip"), timesteps=train_timesteps
             target_fraction=0.95, max_seconds=train_seconds, progress=False)
 print(f"{rep.timesteps} steps in {rep.wall_s:.0f} s: {rep.fraction_of_oracle:.3f} of the oracle ({rep.stop_reason})")
 display(Image(filename=str(rep.curve_png)))'''),
-        md("## 3. Evaluate in the simulator\n\nOn the profile it was trained on and on the true one (what the "
-           "throttles really are), against the oracle and Marlin."),
-        code('''from automdt.agents.registry import make_policy
-from automdt.simulator.oracle import evaluate_policy_in_sim, oracle
-
-rows = []
-for prof_name, prof in ((source, profile), ("true", truth)):
-    orc = oracle(prof)
-    for name, spec in (("trained PPO", f"ppo:{rep.model_path}"), ("marlin", "marlin")):
-        tr = evaluate_policy_in_sim(make_policy(spec, 32), prof, steps=30, seed=seed)
-        rows.append({"profile": prof_name, "policy": name, "fraction_of_oracle": round(tr.fraction_of_oracle, 3),
-                     "settled": tr.settled_threads, "oracle": orc.threads,
-                     "oracle MB/s": round(orc.throughput_bps / MB, 1)})
-pd.DataFrame(rows)'''),
-        md("## 4. Transfer with the trained policy"),
-        code('''from automdt.experiments.runner import run_one
-
-pol = make_policy(f"ppo:{rep.model_path}", 32)
-r = run_one("trained-ppo", sc, ds, scratch, duration_s=transfer_s, policy=pol,
-            log_path=os.path.join(work, "transfer.jsonl"))
-m = r.metrics
-reached = f"90% reached at {m['conv_s']:.0f} s" if m["converged"] else "90% never reached and held"
-display(Markdown(f"delivered {m['mean_delivered_bps'] / MB:.1f} MB/s on average "
-                 f"({100 * m['mean_delivered_frac']:.0f}% of {sc.achievable_bps / MB:.0f}); {reached}; threads "
-                 f"{'after it' if m['converged'] else 'in the second half'} (median) "
-                 f"{m['after_median_read']:.0f},{m['after_median_net']:.0f},{m['after_median_write']:.0f} "
-                 f"vs the optimum {sc.optimum}"))
-pd.DataFrame(r.rows)[["t", "threads_read", "threads_net", "threads_write", "tput_read", "tput_net", "tput_write",
-                      "buf_sender", "buf_receiver"]]'''),
-        code('''from automdt.experiments import plots
-
-png = plots.timeseries_grid(os.path.join(work, "transfer.png"), f"trained PPO on {sc.name}", [r],
-                            sc.achievable_bps, sc.optimum)
-display(Image(filename=png))'''),
-        code('''shutil.rmtree(scratch, ignore_errors=True)  # the generated dataset
-print("kept:", sorted(os.listdir(work)))'''),
+        *_explore_train_transfer_evaluate(),
     ])
 
 
@@ -321,33 +265,7 @@ for c in (exp.results[0].extra.get("change_t") or []) if exp.results else []:
     ax.axvline(c, color="gray", lw=0.8)
 ax.set_xlabel("seconds"); ax.set_ylabel("delivered MB/s"); ax.set_ylim(bottom=0); ax.legend(fontsize=8)
 plt.show()'''),
-        md('''## The same kind of change in the simulator
-
-`ProfileChanges` gives training episodes a profile that changes mid-episode (here: the read-bound
-path's stages rescaled at a random step), so that a policy trained with it has seen a moving
-bottleneck. One such episode, the thread counts and the delivered rate of Marlin, and the oracle
-before and after the change:'''),
-        code('''from automdt.agents.registry import make_policy
-from automdt.simulator import BufferSimEnv, ProfileChanges
-from automdt.experiments.scenarios import SCENARIOS
-
-prof = SCENARIOS["read-bound"].profile()
-env = BufferSimEnv(prof, episode_steps=30, random_start=False,
-                   changes=ProfileChanges(probability=1.0, max_changes=1, factor_range=(0.25, 4.0)))
-_, info = env.reset(seed=seed + 3, options={"threads": (1, 1, 1)})
-before = env.episode_oracle().threads
-pol = make_policy("marlin", 32)
-pol.reset(32, seed)
-trace = []
-for step in range(30):
-    _, _, _, _, info = env.step_threads(pol.act(info["observation"]))
-    o = info["observation"]
-    trace.append({"step": step + 1, "changes": info["sim/profile_changes"], "threads": o.threads,
-                  "delivered MB/s": round(o.throughput_bps[2] / MB, 1)})
-print("oracle before the change:", before, " after:", env.episode_oracle().threads)
-pd.DataFrame(trace).set_index("step").T'''),
-        md("Re-run exactly: the run directory's `config.json` has the seed, the scenario with its changes, the "
-           "policy specs and the git commit, and `rerun` is the equivalent command line."),
+        *_changing_paths_in_simulator(),
     ])
 
 
@@ -427,6 +345,112 @@ else:
 
 NOTEBOOKS = {"compare_policies.ipynb": compare_policies, "explore_train_transfer.ipynb": explore_train_transfer,
              "changing_paths.ipynb": changing_paths, "ablation.ipynb": ablation}
+
+
+def _compare_policies_in_simulator():
+    """The compare-policies notebook's last section: the same policies in the simulator."""
+    md, code = new_markdown_cell, new_code_cell
+    return [
+        md("## The same policies in the simulator\n\nThe scenario as a simulator profile (the throttles are "
+           "exactly its `min(n * tpt, B)` stages), each policy for `sim_steps` intervals, scored against the "
+           "oracle's utility."),
+        code('''from automdt.experiments.runner import PolicyUnavailable, build_policy
+from automdt.simulator.oracle import evaluate_policy_in_sim
+
+prof = sc.profile()
+rows = []
+for pol_name in policies:
+    try:
+        pol = build_policy(pol_name, sc)
+    except PolicyUnavailable as e:
+        rows.append({"policy": pol_name, "note": str(e)})
+        continue
+    tr = evaluate_policy_in_sim(pol, prof, steps=sim_steps, seed=seed)
+    rows.append({"policy": pol_name, "fraction_of_oracle": round(tr.fraction_of_oracle, 3),
+                 "settled_threads": tr.settled_threads, "oracle_threads": tr.oracle.threads,
+                 "mean_MBps": round(tr.mean_throughput_bps / MB, 1)})
+pd.DataFrame(rows)'''),
+        md("Re-run exactly: `config.json` in the run directory records the seed, the scenario, its profile, "
+           "the engine options, the policy specs (and the PPO file's hash) and the git commit, and its "
+           "`rerun` field is the equivalent command line."),
+    ]
+
+
+def _explore_train_transfer_evaluate():
+    """Sections 3 and 4 of the explore-train-transfer notebook: evaluate in the simulator, then transfer."""
+    md, code = new_markdown_cell, new_code_cell
+    return [
+        md("## 3. Evaluate in the simulator\n\nOn the profile it was trained on and on the true one (what the "
+           "throttles really are), against the oracle and Marlin."),
+        code('''from automdt.agents.registry import make_policy
+from automdt.simulator.oracle import evaluate_policy_in_sim, oracle
+
+rows = []
+for prof_name, prof in ((source, profile), ("true", truth)):
+    orc = oracle(prof)
+    for name, spec in (("trained PPO", f"ppo:{rep.model_path}"), ("marlin", "marlin")):
+        tr = evaluate_policy_in_sim(make_policy(spec, 32), prof, steps=30, seed=seed)
+        rows.append({"profile": prof_name, "policy": name, "fraction_of_oracle": round(tr.fraction_of_oracle, 3),
+                     "settled": tr.settled_threads, "oracle": orc.threads,
+                     "oracle MB/s": round(orc.throughput_bps / MB, 1)})
+pd.DataFrame(rows)'''),
+        md("## 4. Transfer with the trained policy"),
+        code('''from automdt.experiments.runner import run_one
+
+pol = make_policy(f"ppo:{rep.model_path}", 32)
+r = run_one("trained-ppo", sc, ds, scratch, duration_s=transfer_s, policy=pol,
+            log_path=os.path.join(work, "transfer.jsonl"))
+m = r.metrics
+reached = f"90% reached at {m['conv_s']:.0f} s" if m["converged"] else "90% never reached and held"
+display(Markdown(f"delivered {m['mean_delivered_bps'] / MB:.1f} MB/s on average "
+                 f"({100 * m['mean_delivered_frac']:.0f}% of {sc.achievable_bps / MB:.0f}); {reached}; threads "
+                 f"{'after it' if m['converged'] else 'in the second half'} (median) "
+                 f"{m['after_median_read']:.0f},{m['after_median_net']:.0f},{m['after_median_write']:.0f} "
+                 f"vs the optimum {sc.optimum}"))
+pd.DataFrame(r.rows)[["t", "threads_read", "threads_net", "threads_write", "tput_read", "tput_net", "tput_write",
+                      "buf_sender", "buf_receiver"]]'''),
+        code('''from automdt.experiments import plots
+
+png = plots.timeseries_grid(os.path.join(work, "transfer.png"), f"trained PPO on {sc.name}", [r],
+                            sc.achievable_bps, sc.optimum)
+display(Image(filename=png))'''),
+        code('''shutil.rmtree(scratch, ignore_errors=True)  # the generated dataset
+print("kept:", sorted(os.listdir(work)))'''),
+    ]
+
+
+def _changing_paths_in_simulator():
+    """The changing-paths notebook's last section: the same kind of change in the simulator."""
+    md, code = new_markdown_cell, new_code_cell
+    return [
+        md('''## The same kind of change in the simulator
+
+`ProfileChanges` gives training episodes a profile that changes mid-episode (here: the read-bound
+path's stages rescaled at a random step), so that a policy trained with it has seen a moving
+bottleneck. One such episode, the thread counts and the delivered rate of Marlin, and the oracle
+before and after the change:'''),
+        code('''from automdt.agents.registry import make_policy
+from automdt.simulator import BufferSimEnv, ProfileChanges
+from automdt.experiments.scenarios import SCENARIOS
+
+prof = SCENARIOS["read-bound"].profile()
+env = BufferSimEnv(prof, episode_steps=30, random_start=False,
+                   changes=ProfileChanges(probability=1.0, max_changes=1, factor_range=(0.25, 4.0)))
+_, info = env.reset(seed=seed + 3, options={"threads": (1, 1, 1)})
+before = env.episode_oracle().threads
+pol = make_policy("marlin", 32)
+pol.reset(32, seed)
+trace = []
+for step in range(30):
+    _, _, _, _, info = env.step_threads(pol.act(info["observation"]))
+    o = info["observation"]
+    trace.append({"step": step + 1, "changes": info["sim/profile_changes"], "threads": o.threads,
+                  "delivered MB/s": round(o.throughput_bps[2] / MB, 1)})
+print("oracle before the change:", before, " after:", env.episode_oracle().threads)
+pd.DataFrame(trace).set_index("step").T'''),
+        md("Re-run exactly: the run directory's `config.json` has the seed, the scenario with its changes, the "
+           "policy specs and the git commit, and `rerun` is the equivalent command line."),
+    ]
 
 
 def build(dest: str = HERE) -> list:
