@@ -41,6 +41,7 @@ from automdt.agents import ppo as ppo_mod
 from automdt.policy_contract import K_DEFAULT
 from automdt.simulator.contract import action_names
 from automdt.simulator.profile import Profile, StageProfile
+from automdt.simulator.task import SimTask
 
 log = logging.getLogger(__name__)
 
@@ -185,30 +186,46 @@ class PPOConfig:
         return dataclasses.replace(self, **changes)
 
 
+TRAINING_TASK = SimTask(randomize=0.1, random_start=False)
+"""Where training departs from the simulated task's defaults (:class:`~automdt.simulator.task.SimTask`):
+each episode jitters the profile by 10% (robustness to the fit's errors) and starts cold, at
+(1, 1, 1) with empty buffers, where a transfer starts."""
+
+
 @dataclass(frozen=True)
 class EnvSettings:
     """The simulated transfers a policy trains on (the task), apart from :class:`PPOConfig` (the
     learner). :func:`train` takes these as keyword arguments of the same names and records them in
     the metadata; evaluation always runs the profiles as they are (no randomisation, no changes).
+    The defaults are :data:`TRAINING_TASK`'s; :meth:`task` makes the
+    :class:`~automdt.simulator.task.SimTask` the environments run.
     """
 
-    k: float = K_DEFAULT
+    k: float = TRAINING_TASK.k
     """Utility base per thread: of the training reward (unless ``PPOConfig.reward_k``), of every
     evaluation and of the oracle."""
-    random_profiles: bool = False
+    random_profiles: bool = TRAINING_TASK.random_profiles
     """A fresh random profile per episode (a general policy); else the training profile's."""
-    randomize: float = 0.1
+    randomize: float = TRAINING_TASK.randomize
     """Relative jitter of TPT and B at each episode (robustness to fit errors)."""
-    random_start: bool = False
+    random_start: bool = TRAINING_TASK.random_start
     """Start training episodes from random thread counts and buffer fills instead of (1, 1, 1)
     and empty buffers (where a transfer, and every evaluation, starts)."""
-    noise: Optional[float] = None
+    noise: Optional[float] = TRAINING_TASK.noise
     """Capacity noise (relative std per interval) of the training environments; ``None``: each
     (random) profile's own."""
-    changes: Any = None
+    changes: Any = TRAINING_TASK.changes
     """A :class:`automdt.simulator.changes.ProfileChanges`: training episodes whose profile changes
     at random steps (a moving bottleneck, a link that halves), so the policy has seen a path change
     under it; ``None``: every episode keeps its profile."""
+
+    def task(self, config: PPOConfig) -> SimTask:
+        """The simulated task of the training environments: these settings with the learner's
+        episode length and chunk and start draws."""
+        return TRAINING_TASK.replace(k=config.reward_k or self.k, episode_steps=config.episode_steps,
+                                     randomize=self.randomize, random_profiles=self.random_profiles,
+                                     random_start=self.random_start, noise=self.noise, changes=self.changes,
+                                     chunk_range=config.chunk_range, start_mix=config.start_mix)
 
     def make_vec_env(self, profile: Profile, config: PPOConfig, seed: int) -> Any:
         """The SB3 ``VecEnv`` of ``config.num_envs`` batched simulated transfers, seeded (env i gets
@@ -217,11 +234,8 @@ class EnvSettings:
         from automdt.simulator.sb3 import BatchedSimVecEnv, PolicyInputVecEnv
 
         venv = BatchedSimVecEnv(
-            num_envs=config.num_envs, profile=profile, k=config.reward_k or self.k,
-            episode_steps=config.episode_steps, randomize=self.randomize, random_profiles=self.random_profiles,
-            random_start=self.random_start, noise=self.noise, seed=seed, reward=config.reward,
-            surplus_penalty=config.surplus_penalty, change_penalty=config.change_penalty, changes=self.changes,
-            chunk_range=config.chunk_range, start_mix=config.start_mix, action_head=config.action_head,
+            num_envs=config.num_envs, profile=profile, task=self.task(config), seed=seed, reward=config.reward,
+            surplus_penalty=config.surplus_penalty, change_penalty=config.change_penalty, action_head=config.action_head,
         )
         venv.seed(seed)
         if config.features or config.frame_stack > 1:  # the policy's input pipeline, as PPOPolicy runs it live
@@ -379,11 +393,11 @@ def train(
     out: Union[str, os.PathLike],
     timesteps: Optional[int] = None,
     seed: int = 0,
-    k: float = K_DEFAULT,
-    random_profiles: bool = False,
-    randomize: float = 0.1,
-    random_start: bool = False,
-    noise: Optional[float] = None,
+    k: float = TRAINING_TASK.k,
+    random_profiles: bool = TRAINING_TASK.random_profiles,
+    randomize: float = TRAINING_TASK.randomize,
+    random_start: bool = TRAINING_TASK.random_start,
+    noise: Optional[float] = TRAINING_TASK.noise,
     progress: bool = True,
     target_fraction: Optional[float] = 0.95,
     max_seconds: Optional[float] = None,

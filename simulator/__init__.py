@@ -5,6 +5,7 @@ Public API (see each module): :mod:`~automdt.simulator.profile` (``Profile``, ``
 ``automdt/BufferSim-v0``, ``action_to_threads``, ``utility``),
 :mod:`~automdt.simulator.vector` (``BatchedBufferSim``), :mod:`~automdt.simulator.pipeline`
 (``ObservationEncoder`` and the rest of the policy's numpy input pipeline),
+:mod:`~automdt.simulator.task` (``SimTask``: every setting of a simulated transfer but its profile),
 :mod:`~automdt.simulator.changes` (``ProfileChanges``: episodes whose profile changes
 mid-episode). The stable-baselines3
 adapter lives in :mod:`automdt.simulator.sb3` and is not imported here (it pulls in torch).
@@ -37,6 +38,7 @@ _WHERE = {
     "Triple": "types",
     "BatchedBufferSim": "vector",
     "ProfileChanges": "changes",
+    "SimTask": "task",
 }
 
 __all__ = sorted(_WHERE)

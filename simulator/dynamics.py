@@ -30,6 +30,7 @@ from automdt.simulator.contract import (  # noqa: F401  (re-exported for importe
 )
 from automdt.simulator.profile import (N_PROFILE_UNIFORMS, Profile, capacity_array, peak_capacity_array,
                                       random_profile_arrays)
+from automdt.simulator.task import SimTask
 from automdt.simulator.types import Observation
 
 N_PARAM_UNIFORMS = 32
@@ -394,90 +395,56 @@ def startup_share(S: np.ndarray, R: np.ndarray, chunk: np.ndarray, single_bps: n
     return share
 
 
-def _check_settings(num_envs: int, k: float, episode_steps: int, randomize: float, noise: float | None,
-                    substeps: int, bound_penalty: float) -> None:
-    """``ValueError`` naming the first of :class:`SimCore`'s settings out of its range."""
-    if not (num_envs >= 1):
-        raise ValueError("num_envs must be >= 1")
-    if not (k > 0):
-        raise ValueError(f"k must be > 0 (the papers use 1.02), got {k}")
-    if not (episode_steps >= 1):
-        raise ValueError(f"episode_steps must be >= 1, got {episode_steps}")
-    if not (0.0 <= randomize < 1.0):
-        raise ValueError(f"randomize is a relative spread in [0, 1), got {randomize}")
-    if not (noise is None or 0.0 <= noise <= 0.5):
-        raise ValueError(f"noise is a relative std in [0, 0.5], got {noise}")
-    if not (substeps >= 1):
-        raise ValueError(f"substeps must be >= 1, got {substeps}")
-    if not (bound_penalty >= 0.0):
-        raise ValueError(f"bound_penalty must be >= 0, got {bound_penalty}")
-
-
 class SimCore:
     """State and dynamics of N simulated transfers, as (N, ...) numpy arrays.
 
     Not a public API: use :class:`~automdt.simulator.env.BufferSimEnv` or
-    :class:`~automdt.simulator.vector.BatchedBufferSim`. Parameters as in those classes.
+    :class:`~automdt.simulator.vector.BatchedBufferSim`. ``task`` (:class:`~automdt.simulator.task.SimTask`)
+    holds every setting but the profile.
     """
 
-    def __init__(
-        self,
-        num_envs: int,
-        profile: Profile | None,
-        k: float,
-        episode_steps: int,
-        randomize: float,
-        random_profiles: bool,
-        random_start: bool,
-        noise: float | None,
-        substeps: int,
-        bound_penalty: float,
-        chunk_bytes: float | None = None,
-        chunk_range: tuple[float, float] | None = None,
-        start_mix: tuple[float, float, float] | None = None,
-        changes: Any = None,
-    ) -> None:
+    def __init__(self, num_envs: int, profile: Profile | None, task: SimTask) -> None:
         if profile is None:
             profile = Profile.default()
         if not isinstance(profile, Profile):
             raise TypeError(f"profile must be a Profile or None, got {type(profile).__name__}")
-        _check_settings(num_envs, k, episode_steps, randomize, noise, substeps, bound_penalty)
+        if not (num_envs >= 1):
+            raise ValueError("num_envs must be >= 1")
+        self.task = task
+        chunk_bytes = task.chunk_bytes
         if chunk_bytes is None:
             chunk_bytes = float(profile.meta.get("chunk_bytes", 0.0) or 0.0) if isinstance(profile.meta, dict) else 0.0
         if not (chunk_bytes >= 0.0):
             raise ValueError(f"chunk_bytes must be >= 0, got {chunk_bytes}")
-        if not (chunk_range is None or 0.0 < chunk_range[0] <= chunk_range[1]):
-            raise ValueError(f"bad chunk_range {chunk_range!r}")
         self.chunk_bytes = float(chunk_bytes)
+        chunk_range = task.chunk_range
         self.chunk_range = None if chunk_range is None else (float(chunk_range[0]), float(chunk_range[1]))
         self.chunked = self.chunk_bytes > 0.0 or self.chunk_range is not None
-        if start_mix is not None:
-            mix = np.asarray(start_mix, dtype=np.float64)
-            if not (mix.shape == (3,) and (mix >= 0).all() and mix.sum() > 0):
-                raise ValueError(f"bad start_mix {start_mix!r}")
+        if task.start_mix is not None:
+            mix = np.asarray(task.start_mix, dtype=np.float64)
             self.start_cdf: np.ndarray | None = np.cumsum(mix / mix.sum())
         else:
             self.start_cdf = None
         self.num_envs = int(num_envs)
         self.profile = profile
-        self.k = float(k)
-        self.episode_steps = int(episode_steps)
-        self.randomize = float(randomize)
-        self.random_profiles = bool(random_profiles)
-        self.random_start = bool(random_start)
-        self.noise_override = None if noise is None else float(noise)
-        self.substeps = int(substeps)
-        self.bound_penalty = float(bound_penalty)
+        self.k = float(task.k)
+        self.episode_steps = int(task.episode_steps)
+        self.randomize = float(task.randomize)
+        self.random_profiles = bool(task.random_profiles)
+        self.random_start = bool(task.random_start)
+        self.noise_override = None if task.noise is None else float(task.noise)
+        self.substeps = int(task.substeps)
+        self.bound_penalty = float(task.bound_penalty)
         self.max_threads = int(profile.max_threads)
         self.interval_s = float(profile.interval_s)
-        self.model = "min" if random_profiles else profile.capacity_model
+        self.model = "min" if task.random_profiles else profile.capacity_model
         self._pen = np.power(self.k, -np.arange(self.max_threads + 1, dtype=np.float64))  # k**-n lookup
         self.block_len = self.episode_steps + 1  # intervals per noise block (reset + steps)
         self.per_interval = 6 if self.chunked else 3  # capacity factors (+ in-flight draws)
         self.n_uniforms = N_PARAM_UNIFORMS + self.per_interval * self.block_len
-        self._init_contention_and_changes(profile, changes)
+        self._init_contention_and_changes(profile, task.changes)
 
-        self._allocate(profile, noise)
+        self._allocate(profile, task.noise)
 
     def _allocate(self, profile: Profile, noise: float | None) -> None:
         """Every environment's state arrays, at ``profile`` (``noise`` overriding its noise)."""

@@ -27,8 +27,8 @@ from automdt.simulator.dynamics import (
     need_from_encoding,
     utility_arrays,
 )
-from automdt.policy_contract import K_DEFAULT
 from automdt.simulator.pipeline import ObservationEncoder  # noqa: F401  (re-exported for importers of this module)
+from automdt.simulator.task import SimTask
 from automdt.simulator.profile import STAGES, Profile
 from automdt.simulator.types import Triple
 
@@ -203,16 +203,13 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
     :param profile: the path profile; ``None``: :meth:`~automdt.simulator.profile.Profile.default`. With ``random_profiles``
         only its ``max_threads`` and ``interval_s`` are used (and, if ``noise`` is None, each
         random profile's own noise level applies).
-    :param k: utility base per thread (1.02 as in Falcon/Marlin/AutoMDT).
-    :param episode_steps: steps per episode.
-    :param randomize: relative spread of TPT and B redrawn each reset (uniform in ``[1-s, 1+s]``).
-    :param random_profiles: draw a fresh :meth:`~automdt.simulator.profile.Profile.random` at each reset (general policy).
-    :param random_start: random start threads and buffer fills.
-    :param noise: relative std of the per-interval capacity noise; ``None``: the profile's.
-    :param substeps: sub-steps per interval.
-    :param bound_penalty: reward penalty per stage at ``max_threads``.
-    :param changes: a :class:`~automdt.simulator.changes.ProfileChanges`: the profile may change
-        at random steps of an episode (``info["sim/profile_changes"]`` counts them); None: off.
+    :param task: the simulated task (:class:`~automdt.simulator.task.SimTask`: ``k``,
+        ``episode_steps``, ``randomize``, ``random_profiles``, ``random_start``, ``noise``,
+        ``substeps``, ``bound_penalty``, ``chunk_bytes``, ``chunk_range``, ``start_mix``,
+        ``changes``); ``None``: its defaults. Any of its fields may be given as a keyword argument
+        instead (``BufferSimEnv(profile, episode_steps=60)``, and so through ``gym.make``), over
+        ``task``. With ``changes`` ``info["sim/profile_changes"]`` counts the profile's changes.
+    :param action_head: the action head (``"target"``, ``"absolute"`` or ``"step"``; see above).
 
     All randomness comes from ``self.np_random`` (see :mod:`automdt.simulator.dynamics`).
 
@@ -223,32 +220,17 @@ class BufferSimEnv(gym.Env[np.ndarray, np.ndarray]):
 
     metadata: dict[str, Any] = {"render_modes": []}
 
-    def __init__(
-        self,
-        profile: Profile | None = None,
-        k: float = K_DEFAULT,
-        episode_steps: int = 30,
-        randomize: float = 0.0,
-        random_profiles: bool = False,
-        random_start: bool = True,
-        noise: float | None = None,
-        substeps: int = 1,
-        bound_penalty: float = 0.0,
-        render_mode: str | None = None,
-        chunk_bytes: float | None = None,
-        chunk_range: tuple[float, float] | None = None,
-        start_mix: tuple[float, float, float] | None = None,
-        action_head: str = DEFAULT_ACTION_HEAD,
-        changes: Any = None,
-    ) -> None:
-        assert render_mode is None, "BufferSimEnv has no render modes"
+    def __init__(self, profile: Profile | None = None, task: SimTask | None = None, *, render_mode: str | None = None,
+                 action_head: str = DEFAULT_ACTION_HEAD, **settings: Any) -> None:
+        if render_mode is not None:
+            raise ValueError(f"BufferSimEnv has no render modes, got render_mode={render_mode!r}")
         self.render_mode = render_mode
-        self._core = SimCore(1, profile, k, episode_steps, randomize, random_profiles, random_start, noise,
-                             substeps, bound_penalty, chunk_bytes, chunk_range, start_mix, changes=changes)
+        self.task = SimTask.of(task, **settings)
+        self._core = SimCore(1, profile, self.task)
         self.action_head = action_head
         self.profile: Profile = self._core.profile
-        self.k = float(k)
-        self.episode_steps = int(episode_steps)
+        self.k = self.task.k
+        self.episode_steps = self.task.episode_steps
         self.max_threads = self._core.max_threads
         self.observation_space = make_observation_space()
         self.action_space = make_action_space(action_head, self.max_threads)

@@ -188,9 +188,9 @@ def evaluate_policy_in_sim(
     if start_threads is not None:
         start = start_threads
     from automdt.simulator.dynamics import SimCore
+    from automdt.simulator.task import SimTask
 
-    core = SimCore(1, profile, k, steps, randomize=0.0, random_profiles=False, random_start=False, noise=noise,
-                   substeps=1, bound_penalty=0.0)
+    core = SimCore(1, profile, SimTask(k=k, episode_steps=steps, random_start=False, noise=noise))
     rng = np.random.default_rng(seed)  # what Gymnasium's reset(seed=) makes: PCG64 over SeedSequence(seed)
     core.reset_rows(np.array([0]), [rng], {"threads": tuple(int(x) for x in start)})
     threads = np.zeros((steps, 3), dtype=np.int64)

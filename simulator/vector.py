@@ -17,8 +17,8 @@ from gymnasium.vector.utils import batch_space
 from gymnasium.vector.vector_env import AutoresetMode
 
 from automdt.simulator.dynamics import DEFAULT_ACTION_HEAD, SimCore, actions_to_threads, need_from_encoding
-from automdt.policy_contract import K_DEFAULT
 from automdt.simulator.env import make_action_space, make_observation_space
+from automdt.simulator.task import SimTask
 from automdt.simulator.profile import Profile, capacity_array
 
 __all__ = ["BatchedBufferSim", "REWARD_MODES"]
@@ -44,15 +44,12 @@ class BatchedBufferSim(VectorEnv):
 
     :param num_envs: number of environments.
     :param profile: as :class:`~automdt.simulator.env.BufferSimEnv` (shared template).
-    :param k: utility base per thread.
-    :param episode_steps: steps per episode.
-    :param randomize: relative spread of TPT and B redrawn at each reset.
-    :param random_profiles: a fresh random profile per episode and environment.
-    :param random_start: random start threads and buffer fills.
-    :param noise: capacity noise (relative std); ``None``: the profile's.
+    :param task: the simulated task (:class:`~automdt.simulator.task.SimTask`), as for
+        :class:`~automdt.simulator.env.BufferSimEnv`: its fields may be given as keyword arguments
+        instead, over ``task``; with ``random_profiles`` a fresh random profile per episode and
+        environment, with ``changes`` ``infos["profile_changes"]`` counts each env's changes so
+        far in its episode.
     :param seed: seed of the first :meth:`reset` if that gets none (env ``i`` gets ``seed + i``).
-    :param substeps: sub-steps per interval.
-    :param bound_penalty: reward penalty per stage at ``max_threads``.
     :param autoreset: reset finished environments within :meth:`step`.
     :param reward: ``"measured"`` (default): the utility of the throughputs the interval achieved,
         as :class:`~automdt.simulator.env.BufferSimEnv`; ``"steady"``: the noise-free
@@ -75,36 +72,14 @@ class BatchedBufferSim(VectorEnv):
         intervals; a small cost per change makes holding one of them the better choice. The first
         interval of an episode counts changes from the start triple. ``infos["utility"]`` is
         unchanged.
-    :param changes: a :class:`~automdt.simulator.changes.ProfileChanges`: episodes whose profile
-        changes at random steps (a moving bottleneck); None: every episode keeps its profile.
-        ``infos["profile_changes"]`` counts each env's changes so far in its episode.
     """
 
     metadata: dict[str, Any] = {"render_modes": [], "autoreset_mode": AutoresetMode.SAME_STEP}
 
-    def __init__(
-        self,
-        num_envs: int,
-        profile: Profile | None = None,
-        k: float = K_DEFAULT,
-        episode_steps: int = 30,
-        randomize: float = 0.0,
-        random_profiles: bool = False,
-        random_start: bool = True,
-        noise: float | None = None,
-        seed: int | None = None,
-        substeps: int = 1,
-        bound_penalty: float = 0.0,
-        autoreset: bool = True,
-        reward: str = "measured",
-        surplus_penalty: float = 0.0,
-        change_penalty: float = 0.0,
-        chunk_bytes: float | None = None,
-        chunk_range: tuple[float, float] | None = None,
-        start_mix: tuple[float, float, float] | None = None,
-        action_head: str = DEFAULT_ACTION_HEAD,
-        changes: Any = None,
-    ) -> None:
+    def __init__(self, num_envs: int, profile: Profile | None = None, task: SimTask | None = None, *,
+                 seed: int | None = None, autoreset: bool = True, reward: str = "measured",
+                 surplus_penalty: float = 0.0, change_penalty: float = 0.0, action_head: str = DEFAULT_ACTION_HEAD,
+                 **settings: Any) -> None:
         if reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
         for name, value in (("surplus_penalty", surplus_penalty), ("change_penalty", change_penalty)):
@@ -115,12 +90,12 @@ class BatchedBufferSim(VectorEnv):
         self._oracle_threads = np.zeros((int(num_envs), 3), dtype=np.int64)
         self.num_envs = int(num_envs)
         self.reward_mode = reward
-        self._core = SimCore(self.num_envs, profile, k, episode_steps, randomize, random_profiles, random_start,
-                             noise, substeps, bound_penalty, chunk_bytes, chunk_range, start_mix, changes=changes)
+        self.task = SimTask.of(task, **settings)
+        self._core = SimCore(self.num_envs, profile, self.task)
         self.action_head = action_head
         self.profile = self._core.profile
-        self.k = float(k)
-        self.episode_steps = int(episode_steps)
+        self.k = self.task.k
+        self.episode_steps = self.task.episode_steps
         self.max_threads = self._core.max_threads
         self.autoreset = bool(autoreset)
         self.metadata = {
