@@ -103,6 +103,14 @@ def make_vec_env(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.ra
     from automdt.simulator.env import BufferSimEnv
     from automdt.simulator.sb3 import ControllerVecEnv
 
+    def _episode_env(ep: Episode) -> Any:
+        return BufferSimEnv(ep.profile, k=k, episode_steps=NB.STEPS, random_start=False, chunk_bytes=ep.chunk_bytes)
+
+    def _change_path(env: Any, ep: Episode, step: int) -> None:
+        for at, prof in ep.events:
+            if at == step:
+                env.set_path(prof)
+
     class TunedVecEnv(ControllerVecEnv):
         def __init__(self) -> None:
             super().__init__(num_envs, obs_dim, [choices] * 3)
@@ -122,7 +130,7 @@ def make_vec_env(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.ra
         def new_episode(self, i: int) -> np.ndarray:
             ep = sample(self.rng)
             m = ep.profile.max_threads
-            env = BufferSimEnv(ep.profile, k=k, episode_steps=NB.STEPS, random_start=False, chunk_bytes=ep.chunk_bytes)
+            env = _episode_env(ep)
             start = self.agents[i].reset(m)
             self.shields[i].reset_state(m)
             noise_seed = int(self.rng.integers(1 << 30))
@@ -131,7 +139,7 @@ def make_vec_env(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.ra
             self.best[i] = {}
             if shadow is not None:
                 base = Shield(shadow(m), max_threads=m)
-                twin = BufferSimEnv(ep.profile, k=k, episode_steps=NB.STEPS, random_start=False, chunk_bytes=ep.chunk_bytes)
+                twin = _episode_env(ep)
                 _, twin_info = twin.reset(seed=noise_seed, options={"threads": base.reset(m)})
                 self.shadows[i] = [base, twin, twin_info["observation"]]
             return np.asarray(self.agents[i].observe(info["observation"]), dtype=np.float32)
@@ -140,9 +148,7 @@ def make_vec_env(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.ra
             env, ep, agent = self.envs[i], self.episodes[i], self.agents[i]
             assert agent.obs is not None
             threads = self.shields[i].filter(agent.obs, agent.choose([int(a) for a in action]))
-            for at, prof in ep.events:
-                if at == self.steps[i]:
-                    env.set_path(prof)
+            _change_path(env, ep, self.steps[i])
             p = ep.profile_at(self.steps[i])
             best = self.best[i]
             if id(p) not in best:
@@ -154,9 +160,7 @@ def make_vec_env(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.ra
             if shadow is not None:
                 base, twin, twin_obs = self.shadows[i]
                 twin_threads = base.act(twin_obs)
-                for at, prof in ep.events:
-                    if at == self.steps[i]:
-                        twin.set_path(prof)
+                _change_path(twin, ep, self.steps[i])
                 _, _, _, _, twin_info = twin.step_threads(tuple(int(x) for x in twin_threads))
                 self.shadows[i][2] = twin_info["observation"]
                 reward = r - NB.delivered_utility(twin_info, k) / best[id(p)]

@@ -25,7 +25,7 @@ layer starts with ``capacity`` ahead, so training starts from the default.
 """
 from __future__ import annotations
 
-import json
+import io
 import math
 import os
 import sys
@@ -51,7 +51,6 @@ FRAME = T.FRAME_DIM + 3 * EXTRA
 """Inputs per interval."""
 IN_DIM = FRAME * T.FRAME_STACK
 NET_ARCH = [64, 64]
-WEIGHTS = "automdt_actor.npz"
 
 
 class Prober(GeneralSelector):
@@ -90,7 +89,8 @@ class Prober(GeneralSelector):
 
 
 def train(timesteps: int, out: str, seed: int = 0, advantage: bool = True, keep_bias: float = T.KEEP_BIAS) -> str:
-    """Train one seed's prober on the training families; writes ``out`` (weights) and its sidecar."""
+    """Train one seed's prober on the training families; writes ``out`` and its sidecar in the
+    tuned policy format (:func:`automdt.agents.tuned.write_tuned`)."""
     from automdt.agents.capacity import CapacityPolicy
     from automdt.agents.tuned_training import learn
 
@@ -98,30 +98,23 @@ def train(timesteps: int, out: str, seed: int = 0, advantage: bool = True, keep_
                                  timesteps, seed=seed, obs_dim=IN_DIM, choices=len(CHOICES),
                                  shadow=(lambda m: CapacityPolicy(max_threads=m)) if advantage else None,
                                  keep_bias=keep_bias)
-    import io
-
-    buf = io.BytesIO()
-    np.savez(buf, allow_pickle=False, **{k: np.asarray(v, dtype=np.float32) for k, v in arrays.items()})
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr(WEIGHTS, buf.getvalue())
-    meta = {"format": "automdt-prober/1", "choices": list(CHOICES), "in_dim": IN_DIM, "net_arch": NET_ARCH,
-            "activation_fn": "Tanh", "k": K_DEFAULT,
+    meta = {"learned": "network", "prior": {"threads": [1, 1, 1], "tpt": [1.0, 1.0, 1.0], "rate": 1.0},
+            "k": K_DEFAULT, "choices": list(CHOICES), "frame_stack": T.FRAME_STACK, "in_dim": IN_DIM,
+            "policy_kwargs": {"net_arch": list(NET_ARCH), "activation_fn": "Tanh"},
+            "trained_on": {"families": list(F.FAMILIES)},
             "training": {"timesteps": done, "stop_reason": reason, "seed": seed, "advantage": advantage,
-                         "keep_bias": keep_bias,
-                         "families": list(F.FAMILIES)}}
-    with open(out + ".json", "w") as f:
-        json.dump(meta, f, indent=2)
+                         "keep_bias": keep_bias}}
+    T.write_tuned(out, meta, arrays)  # the tuned format's zip and sidecar (sha256, float32 arrays only)
     return out
 
 
 def load(path: str, max_threads: int = 32) -> Prober:
-    """A trained prober (numpy inference, no pickle)."""
+    """A trained prober (the tuned format's checks, numpy inference, no pickle)."""
     from automdt.agents.ppo import ActorMLP
 
-    with zipfile.ZipFile(path) as zf:
-        raw = zf.read(WEIGHTS)
-    import io
-
+    p, _ = T.check_tuned_file(path)
+    with zipfile.ZipFile(p) as zf:
+        raw = zf.read(T.WEIGHTS_ENTRY)
     with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
     actor = ActorMLP(arrays, "Tanh", [len(CHOICES)] * 3, in_dim=IN_DIM)
