@@ -246,6 +246,10 @@ def _receive_parser(sub) -> None:
                         "sharing a link share it evenly instead of outbidding each other (default 64)")
     r.add_argument("--idle-timeout", type=A.seconds(1.0, lo_open=False), default=60.0, metavar="SECONDS",
                    help="close a session silent this long, keeping its partial files (default 60)")
+    r.add_argument("--throttle", metavar="SPEC", default="",
+                   help="emulate one slow destination disk that every session writes to (tests, benchmarks): "
+                        "write.thread=RATE limits each write thread of every session, write.total=RATE all "
+                        "sessions' writes together, e.g. write.thread=20M,write.total=80M (default: none)")
     r.add_argument("--log-file", metavar="F", type=A.nonempty,
                    help="append log messages to F (reopened if logrotate moves it)")
     r.add_argument("--metrics", metavar="HOST:PORT", type=A.hostport,
@@ -535,6 +539,21 @@ def _with_history(args, run_transfer):
     return run
 
 
+def _receive_throttle(spec: str) -> tuple:
+    """``receive --throttle SPEC``: the emulated disk's ``(thread_bps, total_bps)``; a stage
+    other than write is a usage error (the daemon only writes)."""
+    from automdt.units import parse_throttle
+
+    try:
+        limits = parse_throttle(spec)
+    except ValueError as e:
+        raise AutomdtError(f"--throttle: {e}", errors.USAGE) from None
+    if any(limits[s] != (0.0, 0.0) for s in ("read", "net")):
+        raise AutomdtError(f"--throttle {spec!r}: the receiver emulates only its disk: write.thread and "
+                           "write.total (read and net limits belong to the sender)", errors.USAGE)
+    return tuple(int(x) for x in limits["write"])
+
+
 def _throttle_option(spec: str):
     """``--throttle SPEC`` or ``--throttle @FILE`` (a schedule): ``(limits, schedule or None)``."""
     from automdt.throttle import parse_throttle_option
@@ -730,6 +749,7 @@ def cmd_receive(args) -> int:
 
     host, port = parse_hostport(args.listen)
     max_memory = parse_size(args.max_memory, "memory")
+    disk = _receive_throttle(args.throttle)
     metrics_at = parse_hostport(args.metrics) if args.metrics else None
     if os.path.exists(args.root) and not os.path.isdir(args.root):
         raise AutomdtError(f"--root {args.root}: not a directory", errors.USAGE)
@@ -746,7 +766,8 @@ def cmd_receive(args) -> int:
                                 max_memory=max_memory, idle_timeout_s=args.idle_timeout, encrypt=args.encrypt,
                                 max_sessions=args.max_sessions, metrics=metrics,
                                 total_memory=parse_size(args.total_memory, "memory"),
-                                total_threads=args.total_threads, total_connections=args.total_connections)
+                                total_threads=args.total_threads, total_connections=args.total_connections,
+                                disk_throttle=disk)
     except AutomdtError:
         if metrics is not None:
             metrics.close()

@@ -116,13 +116,19 @@ class ReceiverServer:
         several jobs share, TCP shares it per connection, so one job's extra connections take the
         others' rate, every job adds more and the receiver drowns in connections. The share keeps
         the sum bounded while giving each job the same number.
+    :param disk_throttle: ``(thread_bps, total_bps)`` of an emulated destination disk every
+        session writes to (``receive --throttle``; tests and benchmarks): each write thread of
+        every session at most ``thread_bps``, all sessions' writes together ``total_bps`` on one
+        clock (:class:`automdt.transfer_engine.SharedLimit`); a sender's own write throttle
+        applies on top. 0: no limit.
     """
 
     def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
                  max_threads: int = 64, max_memory: int = 1 << 30, idle_timeout_s: float = 60.0,
                  max_files: int = 10_000_000, max_sessions: int = 16, encrypt: bool = False,
                  metrics: Any = None, embedded: bool = False, total_memory: int = TOTAL_MEMORY,
-                 total_threads: int = TOTAL_THREADS, total_connections: int = TOTAL_CONNECTIONS):
+                 total_threads: int = TOTAL_THREADS, total_connections: int = TOTAL_CONNECTIONS,
+                 disk_throttle: Tuple[int, int] = (0, 0)):
         check_root(root, writable=False)
         if secret is None and not is_loopback(host):
             raise errors.AutomdtError(
@@ -143,6 +149,14 @@ class ReceiverServer:
         self.total_memory = total_memory
         self.total_threads = total_threads
         self.total_connections = total_connections
+        self.disk_thread_bps = int(disk_throttle[0])
+        """The emulated disk's rate per write thread of every session (0: none)."""
+        self.disk: Any = None
+        if disk_throttle[1]:
+            from automdt.transfer_engine import SharedLimit
+
+            self.disk = SharedLimit(int(disk_throttle[1]))
+        """The emulated disk's total rate, one clock for every session's writes (None: none)."""
         self._shared_by = 0
         """Open sessions when the budget was last divided."""
         import resource

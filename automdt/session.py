@@ -267,11 +267,11 @@ class Session:
         if not self.dry_run and not self.scratch:
             self._settle_markers()
         key = protocol.data_key(srv.secret, self.server_nonce, self.client_nonce) if encrypt else None
-        wt = (int(req.write_throttle[0]), int(req.write_throttle[1]))
+        wt = (self._thread_limit(int(req.write_throttle[0])), int(req.write_throttle[1]))
         self.memory_asked, self.threads_asked = memory, int(req.write_threads)
         self.memory_now = max(chunk, min(memory, srv.shares(joining=1).memory))
         self.engine = Receiver(srv.host, 0, self.token, chunk, self.memory_now, max_threads=srv.max_threads,
-                               write_throttle=wt, rcvbuf=req.rcvbuf or 0, tls_key=key)
+                               write_throttle=wt, rcvbuf=req.rcvbuf or 0, tls_key=key, write_shared=srv.disk)
         self.apply_share(srv.shares())
         if self.fsync != "none" and not self.dry_run:
             # the write-back starts as chunks land, so the durable point at the end (or each
@@ -284,6 +284,12 @@ class Session:
                  chunk, memory, ", encrypted" if encrypt else "", ", dry run" if self.dry_run else "")
         return protocol.Opened(self.engine.port, chunk, memory, srv.max_threads, encrypt, runtime_throttle=True,
                                share=self._share_reply())
+
+    def _thread_limit(self, asked: int) -> int:
+        """A write thread's rate limit: the sender's, within the receiver's emulated disk's
+        (0: none)."""
+        disk = self.server.disk_thread_bps
+        return min(x for x in (asked, disk) if x) if asked or disk else 0
 
     def apply_share(self, share: Any) -> None:
         """Hold this session to its share of the receiver's budget (a
@@ -636,7 +642,7 @@ class Session:
             self.apply_share(self.server.shares())
         if req.write_throttle is not None:  # a throttle schedule's entry became due
             t, total = (max(0, x) for x in req.write_throttle)
-            self.engine.set_throttle("write", t, total)
+            self.engine.set_throttle("write", self._thread_limit(t), total)
         self.pump()
         st = self.engine.stats()
         reply = protocol.Status(st.to_json(), self.done, self.bad, self.file_errors,

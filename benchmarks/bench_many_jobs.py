@@ -10,6 +10,8 @@ with the default controller, as root on a ``tc tbf`` link between two network na
   needs to reach 80% of its fair share;
 * 16 jobs each asking the receiver for 1 GiB of staging (``--memory``/``--max-memory`` 1Gi)
   under ``--total-memory``: the daemon's resident memory growth against that budget;
+* 1, 2, 4 and 8 equal jobs on loopback into one emulated slow disk (the receiver's ``--throttle``,
+  one rate for all its sessions; ``--slow-disk``), and 4 of which the last joins late;
 * 1, 2, 4 and 8 equal jobs on loopback into the receiver's root on this machine's disk
   (``--disk-mib`` in all, with the default ``--fsync end``): one destination disk (and the
   machine's CPUs) shared instead of a link.
@@ -74,6 +76,18 @@ def _equal_jobs(jobs: str, total_mib: int, common: List[str], where: str) -> Lis
     return rows
 
 
+def _late_row(r: Dict[str, Any], label: str, alone: Any) -> Dict[str, Any]:
+    """The row of a run whose last job joined late (``alone``: one job's aggregate, or None)."""
+    lj = r.get("late_joiner") or {}
+    jw = r.get("jain_common_window") or {}
+    row = {"run": label, "ok": r["ok"], "aggregate_MBps": r["aggregate_MBps"],
+           "of_alone": round(r["aggregate_MBps"] / alone, 3) if alone else None, **_jain(jw, 4),
+           "late_intervals": lj.get("intervals_to_80pct"), "rss_growth_MiB": r["receiver_rss_growth_MiB"],
+           "cap_MiB": r["memory_cap_MiB"]}
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main(argv: Any = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--link-mbps", type=float, default=20.0, help="the shared link, MB/s (default 20)")
@@ -83,6 +97,12 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--budget", default="512Mi", help="--total-memory of the 16-job memory run (default 512Mi)")
     ap.add_argument("--disk-jobs", default="1,2,4,8", help="job counts of the shared-disk runs ('' for none)")
     ap.add_argument("--disk-mib", type=int, default=1024, help="MiB all jobs of a shared-disk run move (default 1024)")
+    ap.add_argument("--slow-disk", default="write.thread=4M,write.total=20M", metavar="SPEC",
+                    help="the emulated slow disk of the slow-disk runs (the receiver's --throttle; default "
+                         "write.thread=4M,write.total=20M: one job needs 5 write threads to fill it)")
+    ap.add_argument("--slow-disk-jobs", default="1,2,4,8", help="job counts of the slow-disk runs ('' for none)")
+    ap.add_argument("--slow-disk-mib", type=int, default=400,
+                    help="MiB all jobs of a slow-disk run move (default 400)")
     ap.add_argument("--json", metavar="FILE", help="write a results file")
     a = ap.parse_args(argv)
     common = ["--link-mbps", str(a.link_mbps), "--policies", "default", "--files", "4", "--memory", "64Mi",
@@ -90,13 +110,7 @@ def main(argv: Any = None) -> int:
     rows = _equal_jobs(a.jobs, a.total_mib, common, "")
     alone = rows[0]["aggregate_MBps"] if int(a.jobs.split(",")[0]) == 1 else None  # one job alone ran first
     r = _load(["--senders", "4", "--mib", str(a.total_mib // 4), "--late", str(a.late), *common])
-    lj = r.get("late_joiner") or {}
-    jw = r.get("jain_common_window") or {}
-    rows.append({"run": f"4 jobs, the last {a.late:g} s late", "ok": r["ok"], "aggregate_MBps": r["aggregate_MBps"],
-                 "of_alone": round(r["aggregate_MBps"] / alone, 3) if alone else None, **_jain(jw, 4),
-                 "late_intervals": lj.get("intervals_to_80pct"), "rss_growth_MiB": r["receiver_rss_growth_MiB"],
-                 "cap_MiB": r["memory_cap_MiB"]})
-    print(json.dumps(rows[-1]), flush=True)
+    rows.append(_late_row(r, f"4 jobs, the last {a.late:g} s late", alone))
     r = _load(["--senders", "16", "--mib", "48", "--link-mbps", str(a.link_mbps), "--policies", "default",
                "--files", "4", "--memory", "1Gi", "--max-memory", "1Gi", "--total-memory", a.budget])
     jw = r.get("jain_common_window") or {}
@@ -104,6 +118,14 @@ def main(argv: Any = None) -> int:
                  "aggregate_MBps": r["aggregate_MBps"], "of_alone": None, **_jain(jw, 16),
                  "late_intervals": None, "rss_growth_MiB": r["receiver_rss_growth_MiB"], "cap_MiB": r["memory_cap_MiB"]})
     print(json.dumps(rows[-1]), flush=True)
+    if a.slow_disk_jobs:
+        slow = list(common)
+        slow[slow.index("--link-mbps") + 1] = "0"  # loopback: the emulated disk is what they share
+        slow += ["--disk-throttle", a.slow_disk]
+        slow_rows = _equal_jobs(a.slow_disk_jobs, a.slow_disk_mib, slow, ", one emulated disk")
+        slow_alone = slow_rows[0]["aggregate_MBps"] if a.slow_disk_jobs.split(",")[0] == "1" else None
+        r = _load(["--senders", "4", "--mib", str(a.slow_disk_mib // 4), "--late", str(a.late), *slow])
+        rows += [*slow_rows, _late_row(r, f"4 jobs, one emulated disk, the last {a.late:g} s late", slow_alone)]
     if a.disk_jobs:
         disk = list(common)
         disk[disk.index("--link-mbps") + 1] = "0"  # loopback: the root's disk is what they share
@@ -117,8 +139,9 @@ def main(argv: Any = None) -> int:
         results_file.write(
             a.json, "Many jobs into one receiver",
             f"one automdt receive and N automdt transfer (default controller) on a {a.link_mbps:g} MB/s tbf link "
-            f"between two network namespaces, {a.total_mib} MiB in all per run; the disk runs on loopback into "
-            f"a root on this machine's disk, {a.disk_mib} MiB in all; one run each",
+            f"between two network namespaces, {a.total_mib} MiB in all per run; the emulated-disk runs on loopback "
+            f"into a receiver with --throttle {a.slow_disk}, {a.slow_disk_mib} MiB in all; the disk runs on loopback "
+            f"into a root on this machine's disk, {a.disk_mib} MiB in all; one run each",
             [results_file.table("many-jobs", "Jobs sharing one link and one receiver", cols, rows)])
     return 0 if all(r["ok"] for r in rows) else 1
 

@@ -12,6 +12,8 @@ tree of ``--files`` files (``--mib`` MiB in all, different content per sender), 
 As root, the senders and the receiver sit in two network namespaces joined by a veth pair whose
 sender side has a ``tc tbf`` limit of ``--link-mbps`` MB/s: the shared link. Without root (or with
 ``--link-mbps 0``) everything runs over loopback, where the CPU is what they share.
+``--disk-throttle SPEC`` gives the receiver one emulated slow destination disk that every session
+writes to (``automdt receive --throttle``): then the disk is what they share.
 
 Printed (and written with ``--json FILE``):
 * exit codes of every sender and whether every destination tree equals its source (byte for byte);
@@ -130,8 +132,11 @@ def _parser():
     ap.add_argument("--senders", type=int, default=32)
     ap.add_argument("--files", type=int, default=8, help="files per sender (default 8)")
     ap.add_argument("--mib", type=float, default=32, help="MiB per sender (default 32)")
-    ap.add_argument("--policies", default="ppo", help="comma list cycled over the senders (default ppo, the shipped policy)")
+    ap.add_argument("--policies", default="ppo", help="comma list cycled over the senders (default ppo, the shipped PPO network)")
     ap.add_argument("--link-mbps", type=float, default=40, help="shared link rate MB/s (0: loopback; default 40)")
+    ap.add_argument("--disk-throttle", default="", metavar="SPEC",
+                    help="the receiver's emulated destination disk, shared by every session (its --throttle: "
+                         "write.thread=RATE,write.total=RATE; default none)")
     ap.add_argument("--memory", default="8Mi", help="each sender's --memory (default 8Mi)")
     ap.add_argument("--max-memory", default="8Mi", help="the receiver's per-session --max-memory (default 8Mi)")
     ap.add_argument("--total-memory", default=None,
@@ -169,12 +174,14 @@ def main(argv=None) -> int:
     try:
         with Net(a.link_mbps) as net:
             res["link"] = f"tbf {a.link_mbps:g} MB/s between two namespaces" if net.use_ns else "loopback"
+            res["disk_throttle"] = a.disk_throttle
             errp = os.path.join(work, "receiver.err")
             with open(errp, "w") as err:
                 recv = subprocess.Popen(net.wrap("rcv", [PY, "-m", "automdt", "receive", "--listen",
                                                          f"{net.ip_r}:{port}", "--root", root, "--secret-file", secret,
                                                          "--max-sessions", str(n), "--max-memory", a.max_memory,
-                                                         "--metrics", "127.0.0.1:9215", *budget_args]),
+                                                         "--metrics", "127.0.0.1:9215", *budget_args,
+                                                         *(["--throttle", a.disk_throttle] if a.disk_throttle else [])]),
                                         stdout=subprocess.DEVNULL, stderr=err)
             deadline = time.monotonic() + 60
             while "receiving into" not in open(errp).read():
@@ -316,7 +323,10 @@ def _summary(a, res, sums, codes, identical, ends, t_launch, idle, peak, staging
     res["within_memory_cap"] = peak - idle <= staging_cap + n * a.overhead_mib * MiB
     res["jain_common_window"] = window_jain  # per-second index (see _window_jain)
     if a.late:
-        share = (a.link_mbps * 1e6 if a.link_mbps > 0 else res["aggregate_MBps"] * 1e6) / n
+        from automdt.units import parse_throttle
+
+        limits = [x for x in (a.link_mbps * 1e6, parse_throttle(a.disk_throttle)["write"][1]) if x > 0]
+        share = (min(limits) if limits else res["aggregate_MBps"] * 1e6) / n  # the shared bottleneck's
         res["late_joiner"] = _late_joiner(late_rows, share)
     res["ok"] = bool(res["all_exit_0"] and res["trees_identical"] == n and res["within_memory_cap"]
                      and res["still_serving"])

@@ -28,6 +28,7 @@ __all__ = [
     "ReceiverStats",
     "Sender",
     "SenderStats",
+    "SharedLimit",
     "StageStats",
     "TOKEN_LEN",
     "TLS_KEY_LEN",
@@ -483,6 +484,25 @@ class Sender(_Engine):
         return SenderStats(t[0] * _NS, _stage(t[1]), _stage(t[2]), BufferStats(*t[3]), *t[4:])
 
 
+class SharedLimit:
+    """A write rate that several :class:`Receiver` objects share: one emulated destination disk
+    that every session of a receiving daemon writes to (tests and benchmarks, as ``automdt
+    receive --throttle`` uses it). Each chunk a receiver given this limit writes takes its turn
+    on one clock with every other's, on top of the receiver's own ``write_throttle``.
+
+    :param total_bps: bytes per second of all those receivers' writes together (> 0).
+    """
+
+    def __init__(self, total_bps: int) -> None:
+        _check_int("total_bps", total_bps, 1, 2**63 - 1)
+        self._l = _engine.SharedLimit(total_bps)
+
+    @property
+    def total_bps(self) -> int:
+        """The shared rate, bytes per second."""
+        return int(self._l.total_bps)
+
+
 class Receiver(_Engine):
     """Destination side: listens at construction, accepts data connections (one receiving
     thread each), verifies every chunk's XXH3-64 and writes it with a pool of writers.
@@ -504,6 +524,8 @@ class Receiver(_Engine):
         connection without the key fails its handshake and is counted as rejected.
     :param switches: the data-path switches (:mod:`automdt.transfer_engine.switches`:
         ``tls_batch``); None: those in force in the process.
+    :param write_shared: a :class:`SharedLimit` the write stage also keeps to, with the other
+        receivers given the same one (None: none).
     """
 
     def __init__(
@@ -520,6 +542,7 @@ class Receiver(_Engine):
         threads: int = 1,
         tls_key: Optional[bytes] = None,
         switches: Optional[_switches.Switches] = None,
+        write_shared: Optional[SharedLimit] = None,
     ) -> None:
         if not isinstance(host, str):
             raise ValueError("host must be a string ('' binds every address)")
@@ -528,13 +551,15 @@ class Receiver(_Engine):
         wt, wT = _check_throttle("write_throttle", write_throttle)
         _check_int("rcvbuf", rcvbuf, 0, 2**31 - 1)
         _check_int("threads", threads, 0, max_threads)
+        if write_shared is not None and not isinstance(write_shared, SharedLimit):
+            raise ValueError(f"write_shared must be a SharedLimit or None, got {type(write_shared).__name__}")
         self.chunk_size = chunk_size
         self.max_threads = max_threads
         self.encrypted = tls_key is not None
         sw = switches or _switches.current()
         self._e = _engine.Receiver(host, port, bytes(token), chunk_size, memory_bytes,
                                    max_threads, wt, wT, rcvbuf, threads, _check_key(tls_key),
-                                   not sw.tls_batch)
+                                   not sw.tls_batch, write_shared._l if write_shared else None)
 
     @property
     def port(self) -> int:

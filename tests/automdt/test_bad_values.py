@@ -70,6 +70,8 @@ BAD = {
                 "--metrics": ["x", "127.0.0.1:99999", ""], "--max-sessions": ["0", "-1", "x", ""],
                 "--total-memory": ["0", "-1", "x", "1K", ""], "--total-threads": ["0", "-1", "x", ""],
                 "--total-connections": ["0", "-1", "x", ""],
+                "--throttle": ["write.thread=x", "disk.total=1M", "write", "write.total=-5", "read.total=1M",
+                               "net.thread=1M,write.total=1M"],
                 "--switch": SWITCH},
     "demo": {"--dir": [PROCFILE, PLAIN, ""], "--size": ["0", "-1", "x", "1K", ""], "--threads": THREADS},
     "explore": {**{k: v for k, v in ENGINE.items() if k != "--threads"}, "--duration": SECONDS_POS + ["1"], "-o": OUT_FILE, "--seed": ["-1", "x", ""]},

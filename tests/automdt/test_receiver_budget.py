@@ -83,3 +83,57 @@ def test_many_sessions_share_the_receivers_budget_and_get_it_back(tmp_path):
         assert alone.start["threads"]["net"] == 4 and alone.start["receiver_share"] == [6, 6]  # its own count
     finally:
         srv.stop()
+
+
+def _rates(srv, senders, srcs, tag):
+    """Run one transfer from each of ``srcs`` into ``srv`` at once; (seconds each took, all ok)."""
+    took, ok = [0.0] * senders, [False] * senders
+
+    def send(i):
+        t0 = time.monotonic()
+        r = run_transfer(str(srcs[i]), f"127.0.0.1:{srv.port}/{tag}{i}",
+                         TransferOptions(threads=(2, 2, 4), memory=8 * MiB, chunk_size=MiB))
+        took[i] = time.monotonic() - t0
+        ok[i] = r.exit_code == 0 and trees_identical(str(srcs[i]), str(srv.root + f"/{tag}{i}"))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(senders)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return took, all(ok)
+
+
+def test_the_receivers_emulated_disk_is_one_disk_for_every_session(tmp_path):
+    """``receive --throttle write.total=R``: sessions writing at once share R between them (two
+    jobs take about twice as long as one), a job alone gets all of it, and write.thread limits
+    each session's write threads."""
+    rate, per_job = 16_000_000, 16 * MiB
+    root = tmp_path / "root"
+    root.mkdir()
+    srcs = []
+    for i in range(2):
+        src = tmp_path / f"src{i}"
+        src.mkdir()
+        (src / "a.bin").write_bytes(os.urandom(per_job))
+        srcs.append(src)
+    srv = ReceiverServer(str(root), "127.0.0.1", 0, max_memory=8 * MiB, disk_throttle=(0, rate)).start()
+    try:
+        alone, ok = _rates(srv, 1, srcs, "alone")
+        assert ok
+        both, ok = _rates(srv, 2, srcs, "both")
+        assert ok
+    finally:
+        srv.stop()
+    ideal = per_job / rate
+    assert 0.9 * ideal < alone[0] < 1.6 * ideal, (alone, ideal)
+    # together: the disk's rate for both, so each takes about twice as long as alone
+    assert min(both) > 1.6 * ideal and max(both) < 2.9 * ideal, (both, ideal)
+    srv = ReceiverServer(str(root), "127.0.0.1", 0, max_memory=8 * MiB, disk_throttle=(2_000_000, 0)).start()
+    try:
+        took, ok = _rates(srv, 1, [srcs[0]], "thread")
+    finally:
+        srv.stop()
+    assert ok
+    # four write threads at 2 MB/s each: about 8 MB/s
+    assert 0.85 * per_job / 8e6 < took[0] < 1.6 * per_job / 8e6, took

@@ -224,3 +224,35 @@ def test_a_throttled_stage_counts_its_bytes_as_it_goes(rig, stage):
     time.sleep(2.0)
     rate = (get() - b0) / (time.monotonic() - t0)
     assert 1.4 * MB < rate < 2.6 * MB, rate  # whole 1 MiB steps in 2 s: 1.05 MB either way at most
+
+
+def test_shared_write_limit_is_one_device(rig):
+    """Two receivers given one SharedLimit write at its rate together (each about half, the
+    writes taking turns on one clock), and one alone gets all of it."""
+    limit = te.SharedLimit(12 * MB)
+    chunk = 128 * 1024
+    size = 1 << 30  # sparse source, /dev/null destination: only the throttle limits the rate
+    rigs = [rig(chunk=chunk, memory=4 << 20, threads=(2, 2, 3), receiver_kw={"write_shared": limit})
+            for _ in range(2)]
+    for r in rigs:
+        src, mtime = _sparse(r, "sparse", size)
+        _, fd = r.open_dst("/dev/null", os.O_WRONLY)
+        r.rx.add_file(1, fd, -1, size)
+        r.tx.add_file(1, src, size, mtime)
+
+    def window() -> tuple[float, float]:
+        time.sleep(0.35)
+        a = [(r.rx.stats().time_s, r.rx.stats().write.bytes) for r in rigs]
+        time.sleep(1.5)
+        b = [(r.rx.stats().time_s, r.rx.stats().write.bytes) for r in rigs]
+        rates = [(y[1] - x[1]) / (y[0] - x[0]) for x, y in zip(a, b)]
+        return rates[0], rates[1]
+
+    both = window()
+    assert abs(sum(both) - 12 * MB) / (12 * MB) < 0.10, f"together {sum(both) / MB:.2f} MB/s, want 12"
+    assert min(both) / max(both) > 0.7, f"uneven: {both[0] / MB:.2f} and {both[1] / MB:.2f} MB/s"
+    rigs[1].rx.set_threads(0)
+    time.sleep(0.5)
+    alone = window()[0]
+    assert abs(alone - 12 * MB) / (12 * MB) < 0.10, f"alone {alone / MB:.2f} MB/s, want 12"
+    assert limit.total_bps == 12 * MB

@@ -1,6 +1,6 @@
 /*
- * automdt.transfer_engine._engine: the module entry. It creates the two types (py_sender.c,
- * py_receiver.c; what they share, and the GIL policy, in py_common.h), exports the limits and
+ * automdt.transfer_engine._engine: the module entry. It creates the types (py_sender.c,
+ * py_receiver.c, py_shared.c; what they share, and the GIL policy, in py_common.h), exports the limits and
  * layouts of constants.h, and has the module-level functions.
  */
 #include "hash.h"
@@ -9,6 +9,7 @@
 typedef struct {
     PyObject *sender_type;
     PyObject *receiver_type;
+    PyObject *shared_type;
 } amdt_modstate;
 
 /* ---- module ------------------------------------------------------------------------ */
@@ -157,6 +158,11 @@ static int amdt_exec(PyObject *m)
         return -1;
     if (PyModule_AddObjectRef(m, "Receiver", st->receiver_type) < 0)
         return -1;
+    st->shared_type = PyType_FromModuleAndSpec(m, &amdt_py_shared_spec, NULL);
+    if (st->shared_type == NULL)
+        return -1;
+    if (PyModule_AddObjectRef(m, "SharedLimit", st->shared_type) < 0)
+        return -1;
     return amdt_add_constants(m);
 }
 
@@ -165,6 +171,7 @@ static int amdt_traverse(PyObject *m, visitproc visit, void *arg)
     amdt_modstate *st = PyModule_GetState(m);
     Py_VISIT(st->sender_type);
     Py_VISIT(st->receiver_type);
+    Py_VISIT(st->shared_type);
     return 0;
 }
 
@@ -173,6 +180,7 @@ static int amdt_clear(PyObject *m)
     amdt_modstate *st = PyModule_GetState(m);
     Py_CLEAR(st->sender_type);
     Py_CLEAR(st->receiver_type);
+    Py_CLEAR(st->shared_type);
     return 0;
 }
 

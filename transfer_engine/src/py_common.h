@@ -46,13 +46,18 @@ typedef struct amdt_py_engine {
     void *engine;             /* amdt_sender * / amdt_receiver *; NULL until __init__ */
     const amdt_py_kind *kind; /* set by tp_new (amdt_py_new) */
     int closing;              /* close() started; relies on the GIL (no Py_mod_gil slot) */
-    PyObject *peer; /* Sender on the local link: the Receiver it hands chunks to, kept alive
-                     * until the sender's threads are joined (released after the engine) */
+    PyObject *peer; /* what the engine's threads use besides the engine, kept alive until they
+                     * are joined (released after the engine): a Sender on the local link, the
+                     * Receiver it hands chunks to; a Receiver, its SharedLimit */
 } amdt_py_engine;
 
-/* The two types' specs (py_sender.c, py_receiver.c), instantiated by module.c. */
+/* The engine types' specs (py_sender.c, py_receiver.c), instantiated by module.c. */
 extern PyType_Spec amdt_py_sender_spec;
 extern PyType_Spec amdt_py_receiver_spec;
+/* SharedLimit (py_shared.c): a write rate several receivers share. */
+extern PyType_Spec amdt_py_shared_spec;
+/* The clock of a SharedLimit object, or NULL with TypeError / RuntimeError. */
+amdt_shared_clock *amdt_py_shared_clock(PyObject *obj);
 
 /* ---- life cycle (tp_new, tp_dealloc, close(), closed) ---------------------------------- */
 

@@ -72,25 +72,29 @@ static int Receiver_init(amdt_py_engine *self, PyObject *args, PyObject *kwds)
                              "write_threads",
                              "tls_key",
                              "tls_per_record",
+                             "write_shared",
                              NULL};
     const char *host;
     int port, max_threads = 64, rcvbuf = 0, nw = 1, tls_per_record = 0;
     Py_buffer tok = {0};
     long long chunk, mem, wt = 0, wT = 0;
-    PyObject *tls_obj = Py_None;
+    PyObject *tls_obj = Py_None, *shared_obj = Py_None;
+    amdt_shared_clock *shared = NULL;
     uint8_t tls_key[AMDT_TLS_KEY_LEN];
     const uint8_t *key;
 
     if (amdt_py_init_once(self) != 0)
         return -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLiiOp", kwlist, &host, &port, &tok,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siy*LL|iLLiiOpO", kwlist, &host, &port, &tok,
                                      &chunk, &mem, &max_threads, &wt, &wT, &rcvbuf, &nw, &tls_obj,
-                                     &tls_per_record))
+                                     &tls_per_record, &shared_obj))
         return -1;
     if (amdt_py_check_engine_args(&tok, chunk, mem, tls_obj, tls_key, &key) != 0 ||
         amdt_py_check_nonneg(wt, "write_thread_bps") != 0 ||
         amdt_py_check_nonneg(wT, "write_total_bps") != 0 ||
         amdt_py_check_range(port, 0, 65535, "port") != 0)
+        goto error;
+    if (shared_obj != Py_None && (shared = amdt_py_shared_clock(shared_obj)) == NULL)
         goto error;
     if (nw < 0 || nw > max_threads) {
         PyErr_Format(PyExc_ValueError, "write_threads must be in 0..max_threads (%d)", max_threads);
@@ -105,12 +109,17 @@ static int Receiver_init(amdt_py_engine *self, PyObject *args, PyObject *kwds)
         .max_threads = max_threads,
         .write_thread_bps = (uint64_t)wt,
         .write_total_bps = (uint64_t)wT,
+        .write_shared = shared,
         .rcvbuf = rcvbuf,
         .write_threads = nw,
         .tls_key = key,
         .tls_per_record = tls_per_record,
     };
+    if (shared != NULL)
+        self->peer = Py_NewRef(shared_obj); /* before the threads start: they use its clock */
     int rc = amdt_py_start(self, &cfg);
+    if (rc != 0)
+        Py_CLEAR(self->peer);
     PyBuffer_Release(&tok);
     return rc;
 
@@ -296,7 +305,8 @@ static PyGetSetDef Receiver_getset[] = {
 
 static PyType_Slot Receiver_slots[] = {
     {Py_tp_doc, "Receiver(host, port, token, chunk_size, memory_bytes, max_threads=64, "
-                "write_thread_bps=0, write_total_bps=0, rcvbuf=0, write_threads=1, tls_key=None)"},
+                "write_thread_bps=0, write_total_bps=0, rcvbuf=0, write_threads=1, tls_key=None, "
+                "tls_per_record=False, write_shared=None)"},
     {Py_tp_new, Receiver_new},
     {Py_tp_init, Receiver_init},
     {Py_tp_dealloc, amdt_py_dealloc},

@@ -148,6 +148,7 @@ amdt_receiver *amdt_receiver_new(const amdt_receiver_cfg *cfg, char *err, size_t
         goto error_sys;
     have_write = 1;
     amdt_stage_set_throttle(&r->write, cfg->write_thread_bps, cfg->write_total_bps);
+    r->write.shared = cfg->write_shared;
 
     int rc = amdt_stage_set_target(&r->write, cfg->write_threads, NULL);
     if (rc != 0) {

@@ -44,6 +44,7 @@ typedef struct amdt_receiver_cfg {
     uint64_t memory_bytes;
     int max_threads;
     uint64_t write_thread_bps, write_total_bps;
+    amdt_shared_clock *write_shared; /* NULL, or a rate shared with other receivers */
     int rcvbuf;
     int write_threads;      /* started at construction */
     const uint8_t *tls_key; /* AMDT_TLS_KEY_LEN bytes: connections must speak TLS; NULL: plain */

@@ -287,13 +287,27 @@ static inline uint64_t amdt_pace_ns(uint64_t bytes, uint64_t bps)
     return (uint64_t)((double)bytes * 1e9 / (double)bps);
 }
 
+/* Reserve `bytes` on a total clock (a stage's, or a device's shared by several): the chunk's turn
+ * begins when the clock's previous reservation ends, and the pace covers it: no byte before the
+ * turn, the last at its end. */
+static void amdt_clock_take(uint64_t *next_ns, uint64_t bps, uint64_t bytes, amdt_pace *p)
+{
+    uint64_t now = amdt_now_ns();
+    uint64_t start = *next_ns > now ? *next_ns : now;
+    *next_ns = start + amdt_pace_ns(bytes, bps);
+    if (*next_ns > p->until_ns)
+        p->until_ns = *next_ns;
+    if (start > p->from_ns)
+        p->from_ns = start;
+}
+
 amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes)
 {
     amdt_stage *st = w->stage;
     amdt_pace p = {0, 0, 0};
     pthread_mutex_lock(&st->thr_mu);
     p.gen = st->thr_gen;
-    if (st->thread_bps == 0 && st->total_bps == 0)
+    if (st->thread_bps == 0 && st->total_bps == 0 && st->shared == NULL)
         goto done;
     uint64_t now = amdt_now_ns();
     /* Callers wait *before* the work, so the work itself (a pread, a send, a pwrite) runs between
@@ -317,14 +331,12 @@ amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes)
         p.until_ns = w->thr_next_ns;
         p.from_ns = start;
     }
-    if (st->total_bps != 0) {
-        uint64_t tnow = amdt_now_ns();
-        uint64_t start = st->total_next_ns > tnow ? st->total_next_ns : tnow;
-        st->total_next_ns = start + amdt_pace_ns(bytes, st->total_bps);
-        if (st->total_next_ns > p.until_ns)
-            p.until_ns = st->total_next_ns;
-        if (start > p.from_ns)
-            p.from_ns = start; /* no byte before the chunk's turn on the stage's clock */
+    if (st->total_bps != 0)
+        amdt_clock_take(&st->total_next_ns, st->total_bps, bytes, &p);
+    if (st->shared != NULL) { /* the device's clock, taken in turn with the other engines' */
+        pthread_mutex_lock(&st->shared->mu);
+        amdt_clock_take(&st->shared->next_ns, st->shared->total_bps, bytes, &p);
+        pthread_mutex_unlock(&st->shared->mu);
     }
 done:
     pthread_mutex_unlock(&st->thr_mu);

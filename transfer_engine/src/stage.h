@@ -33,6 +33,15 @@ enum amdt_state {
 
 typedef struct amdt_stage amdt_stage;
 
+/* A total rate that stages of several engines share: one emulated device (a destination disk)
+ * that every session of a receiver writes to. A clock like a stage's total one, with its own
+ * lock, taken after the stage's throttle lock. Its rate is fixed when it is made. */
+typedef struct amdt_shared_clock {
+    pthread_mutex_t mu;
+    uint64_t total_bps; /* > 0 */
+    uint64_t next_ns;
+} amdt_shared_clock;
+
 typedef struct amdt_worker {
     amdt_stage *stage;
     int index;
@@ -66,7 +75,9 @@ struct amdt_stage {
     pthread_mutex_t thr_mu;
     uint64_t thread_bps, total_bps; /* bytes per second, 0 = unlimited */
     uint64_t total_next_ns;
-    unsigned thr_gen; /* bumped by set_throttle (atomic): sleepers re-plan */
+    unsigned thr_gen;          /* bumped by set_throttle (atomic): sleepers re-plan */
+    amdt_shared_clock *shared; /* NULL, or a device clock also paced (set before threads start;
+                                * it outlives the stage) */
 };
 
 typedef struct amdt_stage_stats {
@@ -131,7 +142,7 @@ void amdt_throttle_wait(amdt_worker *w, amdt_pace pace);
  * a chunk applies from the next one). */
 static inline int amdt_stage_throttled(amdt_stage *st)
 {
-    return __atomic_load_n(&st->thread_bps, __ATOMIC_RELAXED) != 0 ||
+    return st->shared != NULL || __atomic_load_n(&st->thread_bps, __ATOMIC_RELAXED) != 0 ||
            __atomic_load_n(&st->total_bps, __ATOMIC_RELAXED) != 0;
 }
 
