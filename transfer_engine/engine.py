@@ -624,9 +624,11 @@ class Receiver(_Engine):
         return int(self._e.set_memory(_check_int("memory_bytes", memory_bytes, self.chunk_size)))
 
     def set_throttle(self, stage: str, thread_bps: int, total_bps: int) -> None:
-        """Set the ``"write"`` throttle, bytes/s (0 = unlimited)."""
-        if stage != "write":
-            raise ValueError(f"stage must be 'write' on a Receiver, got {stage!r}")
+        """Set the ``"write"`` throttle, or the ``"recv"`` one (the pace at which chunks are read
+        off the data connections: TCP's flow control then slows the sender), bytes/s (0 =
+        unlimited)."""
+        if stage not in ("write", "recv"):
+            raise ValueError(f"stage must be 'write' or 'recv' on a Receiver, got {stage!r}")
         _check_int("thread_bps", thread_bps, 0)
         _check_int("total_bps", total_bps, 0)
         self._e.set_throttle(stage, thread_bps, total_bps)

@@ -73,16 +73,22 @@ def _sparse(r, name: str, size: int) -> tuple[str, int]:
     return path, os.stat(path).st_mtime_ns
 
 
+def _endless(r) -> None:
+    """File 1: 1 GiB sparse (reading holes costs nothing) into /dev/null (takes the writes), so
+    only the limits under test set the rates."""
+    size = 1 << 30
+    src, mtime = _sparse(r, "sparse", size)
+    _, fd = r.open_dst("/dev/null", os.O_WRONLY)
+    r.rx.add_file(1, fd, -1, size)
+    r.tx.add_file(1, src, size, mtime)
+
+
 @pytest.mark.parametrize("stage", ["read", "net", "write"])
 def test_throttle_rates(rig, stage):
     """n threads at R bytes/s each with a stage total T measure close to min(n*R, T)."""
     chunk = 128 * 1024
     r = rig(chunk=chunk, memory=4 << 20, threads=(1, 1, 1))
-    size = 1 << 30  # sparse: reading holes costs nothing, /dev/null takes the writes
-    src, mtime = _sparse(r, "sparse", size)
-    _, fd = r.open_dst("/dev/null", os.O_WRONLY)
-    r.rx.add_file(1, fd, -1, size)
-    r.tx.add_file(1, src, size, mtime)
+    _endless(r)
     configs = [(2, 8 * MB, 0), (3, 8 * MB, 12 * MB), (1, 6 * MB, 0)]
     for n, per_thread, total in configs:
         if stage == "read":
@@ -231,14 +237,10 @@ def test_shared_write_limit_is_one_device(rig):
     writes taking turns on one clock), and one alone gets all of it."""
     limit = te.SharedLimit(12 * MB)
     chunk = 128 * 1024
-    size = 1 << 30  # sparse source, /dev/null destination: only the throttle limits the rate
     rigs = [rig(chunk=chunk, memory=4 << 20, threads=(2, 2, 3), receiver_kw={"write_shared": limit})
             for _ in range(2)]
     for r in rigs:
-        src, mtime = _sparse(r, "sparse", size)
-        _, fd = r.open_dst("/dev/null", os.O_WRONLY)
-        r.rx.add_file(1, fd, -1, size)
-        r.tx.add_file(1, src, size, mtime)
+        _endless(r)
 
     def window() -> tuple[float, float]:
         time.sleep(0.35)
@@ -256,3 +258,38 @@ def test_shared_write_limit_is_one_device(rig):
     alone = window()[0]
     assert abs(alone - 12 * MB) / (12 * MB) < 0.10, f"alone {alone / MB:.2f} MB/s, want 12"
     assert limit.total_bps == 12 * MB
+
+
+def test_a_receiving_limit_slows_the_sender_through_tcp(rig):
+    """set_throttle('recv', 0, T): the receiver reads chunks off its connections at T bytes/s
+    in all, and the sender's network stage, held back by TCP's flow control, follows."""
+    chunk = 128 * 1024
+    r = rig(chunk=chunk, memory=4 << 20, threads=(2, 2, 2))
+    _endless(r)
+    r.rx.set_throttle("recv", 0, 10 * MB)
+    time.sleep(1.0)  # the socket buffers between them fill first
+    rate, _ = _rate(lambda: (lambda s: (s.time_s, s.recv))(r.rx.stats()), warm=0.0, window=1.5)
+    sent, _ = _rate(lambda: (lambda s: (s.time_s, s.net))(r.tx.stats()), warm=0.0, window=1.5)
+    assert abs(rate - 10 * MB) / (10 * MB) < 0.10, f"received {rate / MB:.2f} MB/s, want 10"
+    assert abs(sent - 10 * MB) / (10 * MB) < 0.15, f"sent {sent / MB:.2f} MB/s, want 10"
+    r.rx.set_throttle("recv", 0, 0)
+    fast, _ = _rate(lambda: (lambda s: (s.time_s, s.recv))(r.rx.stats()), warm=0.3, window=1.0)
+    assert fast > 3 * 10 * MB, f"unlimited again: {fast / MB:.2f} MB/s"
+
+
+def test_a_receiving_limit_changed_often_still_holds(rig):
+    """A limit set again every 0.25 s (the daemon's fair share divides the rate every second)
+    holds on eight connections: waiting readers take their turn at the new rate, not at once."""
+    chunk = 1 << 20
+    r = rig(chunk=chunk, memory=16 << 20, threads=(2, 8, 2))
+    _endless(r)
+    r.rx.set_throttle("recv", 0, 8 * MB)
+    time.sleep(1.0)
+    get = lambda: (lambda s: (s.time_s, s.recv))(r.rx.stats())  # noqa: E731
+    t0, a = get()
+    for i in range(12):
+        r.rx.set_throttle("recv", 0, (8 + i % 2) * MB)
+        time.sleep(0.25)
+    t1, b = get()
+    rate = (b.bytes - a.bytes) / (t1 - t0)
+    assert 7.0 * MB < rate < 9.5 * MB, f"received {rate / MB:.2f} MB/s, want 8 to 9"

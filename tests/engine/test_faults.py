@@ -219,7 +219,7 @@ def test_api_validation(engines, tmp_path):
         tx.set_threads(5, 1)
     with pytest.raises(ValueError, match="stage must be 'read' or 'net'"):
         tx.set_throttle("write", 1, 1)
-    with pytest.raises(ValueError, match="stage must be 'write'"):
+    with pytest.raises(ValueError, match="stage must be 'write' or 'recv'"):
         rx.set_throttle("net", 1, 1)
     with pytest.raises(ValueError, match="size 0"):
         tx._e.add_file(3, str(p), 0, m, None)  # the C layer checks too

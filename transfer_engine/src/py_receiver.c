@@ -26,12 +26,14 @@ static amdt_events *receiver_events(void *e)
 
 static amdt_stage *receiver_stage(void *e, const char *name)
 {
-    return strcmp(name, "write") == 0 ? &((amdt_receiver *)e)->write : NULL;
+    if (strcmp(name, "write") == 0)
+        return &((amdt_receiver *)e)->write;
+    return strcmp(name, "recv") == 0 ? &((amdt_receiver *)e)->recv : NULL;
 }
 
 static const amdt_py_kind receiver_kind = {
     .name = "receiver",
-    .stage_names = "'write'",
+    .stage_names = "'write' or 'recv'",
     .new_error = &PyExc_OSError,
     .new = receiver_new,
     .close = receiver_close,
@@ -287,7 +289,7 @@ static PyMethodDef Receiver_methods[] = {
     {"set_threads", (PyCFunction)Receiver_set_threads, METH_VARARGS,
      "set_threads(write) -> old_write"},
     {"set_throttle", amdt_py_set_throttle, METH_VARARGS,
-     "set_throttle('write', thread_bps, total_bps)"},
+     "set_throttle('write' or 'recv', thread_bps, total_bps)"},
     {"set_memory", (PyCFunction)Receiver_set_memory, METH_VARARGS,
      "set_memory(bytes) -> old_bytes: the staging buffer's cap, changed while running"},
     {"set_write_behind", (PyCFunction)Receiver_set_write_behind, METH_VARARGS,

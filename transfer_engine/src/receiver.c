@@ -143,6 +143,7 @@ amdt_receiver *amdt_receiver_new(const amdt_receiver_cfg *cfg, char *err, size_t
     if (amdt_stage_init(&r->recv, "recv", max_conns, amdt_conn_body, r, &r->stop) != 0)
         goto error_sys;
     r->recv.target = max_conns; /* never asks a receiving thread to exit */
+    r->recv.keep_clock = 1;     /* its limit (the daemon's fair share) changes every second */
     have_recv = 1;
     if (amdt_stage_init(&r->write, "write", cfg->max_threads, amdt_writer_body, r, &r->stop) != 0)
         goto error_sys;
@@ -544,7 +545,10 @@ static void amdt_conn_body(amdt_worker *w)
             break;
         }
 
-        /* Waiting for room in the receiver staging buffer is the recv stage's wait time. */
+        /* Waiting for room in the receiver staging buffer is the recv stage's wait time, and so
+         * is a receiving limit's pace (the daemon's fair share: each piece of a chunk is read at
+         * the end of its turn on the session's receiving clock, and TCP's flow control slows the
+         * sender). */
         amdt_worker_set_state(w, AMDT_STATE_WAIT);
         amdt_slot *slot = NULL;
         while (slot == NULL && !amdt_stopping(&r->stop))
@@ -562,6 +566,11 @@ static void amdt_conn_body(amdt_worker *w)
         got = 0;
         while (got < h.length) {
             size_t want = h.length - got < AMDT_PIECE ? h.length - got : AMDT_PIECE, piece = 0;
+            if (amdt_stage_throttled(&r->recv)) { /* each piece waits for its turn */
+                amdt_worker_set_state(w, AMDT_STATE_WAIT);
+                amdt_throttle_wait(w, amdt_throttle_reserve(w, want));
+                amdt_worker_set_state(w, AMDT_STATE_BUSY);
+            }
             rc = amdt_recv_full(r, &link, slot->data + got, want, 0, 0, &r->recv, &err, &piece);
             if (rc != 0) {
                 got += piece;

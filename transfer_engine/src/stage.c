@@ -275,6 +275,10 @@ void amdt_stage_set_throttle(amdt_stage *st, uint64_t thread_bps, uint64_t total
     pthread_mutex_lock(&st->thr_mu);
     st->thread_bps = thread_bps;
     st->total_bps = total_bps;
+    if (st->keep_clock && (thread_bps != 0 || total_bps != 0)) {
+        pthread_mutex_unlock(&st->thr_mu);
+        return;
+    }
     st->total_next_ns = 0;
     for (int i = 0; i < st->max_threads; i++)
         st->workers[i].thr_next_ns = 0;

@@ -76,6 +76,7 @@ struct amdt_stage {
     uint64_t thread_bps, total_bps; /* bytes per second, 0 = unlimited */
     uint64_t total_next_ns;
     unsigned thr_gen;          /* bumped by set_throttle (atomic): sleepers re-plan */
+    int keep_clock;            /* a new limit keeps the clocks and the turns already taken */
     amdt_shared_clock *shared; /* NULL, or a device clock also paced (set before threads start;
                                 * it outlives the stage) */
 };
@@ -117,7 +118,11 @@ static inline void amdt_stage_add_bytes(amdt_stage *st, uint64_t n)
 
 void amdt_stage_get_stats(amdt_stage *st, amdt_stage_stats *out);
 
-/* Throttles. */
+/* Throttles. A new limit resets the clocks and wakes the threads waiting for their turn, which
+ * then go on at once (a throttle schedule's next step, perhaps much faster, applies now). A stage
+ * with keep_clock set (the receiver's connections, whose limit the daemon's fair share changes
+ * every second) keeps its clocks and the turns already taken, so a change does not let every
+ * waiting thread through at once; only lifting the limit (0, 0) wakes them. */
 void amdt_stage_set_throttle(amdt_stage *st, uint64_t thread_bps, uint64_t total_bps);
 typedef struct amdt_pace {
     uint64_t until_ns; /* 0: no sleep */
