@@ -246,6 +246,12 @@ def _receive_parser(sub) -> None:
                         "sharing a link share it evenly instead of outbidding each other (default 64)")
     r.add_argument("--idle-timeout", type=A.seconds(1.0, lo_open=False), default=60.0, metavar="SECONDS",
                    help="close a session silent this long, keeping its partial files (default 60)")
+    r.add_argument("--fair-share", action=argparse.BooleanOptionalAction, default=True,
+                   help="share the rate evenly among sessions that want more (on by default): jobs sharing a "
+                        "link or this host's disk get equal rates, which TCP and their own controllers do not "
+                        "give them, by reading no faster from the ones ahead (TCP then slows their senders); a "
+                        "job held back by its own path or source keeps what it gets and leaves the rest to the "
+                        "others. --no-fair-share leaves the division to TCP")
     r.add_argument("--throttle", metavar="SPEC", default="",
                    help="emulate one slow destination disk that every session writes to (tests, benchmarks): "
                         "write.thread=RATE limits each write thread of every session, write.total=RATE all "
@@ -767,7 +773,7 @@ def cmd_receive(args) -> int:
                                 max_sessions=args.max_sessions, metrics=metrics,
                                 total_memory=parse_size(args.total_memory, "memory"),
                                 total_threads=args.total_threads, total_connections=args.total_connections,
-                                disk_throttle=disk)
+                                disk_throttle=disk, fair_share=args.fair_share)
     except AutomdtError:
         if metrics is not None:
             metrics.close()

@@ -393,14 +393,20 @@ class Poll(Request):
     """A new write-thread count (sent when it changes)."""
     write_throttle: Optional[Tuple[int, int]] = _omit()
     """New write limits ``(thread_bps, total_bps)`` (a throttle schedule's entry became due)."""
+    backlog: Optional[bool] = _omit()
+    """Whether data waits to be sent now (chunks read and not yet taken by a network thread:
+    the path, not the source, holds the transfer back); sent when it changes. A receiver with
+    ``--fair-share`` shares its rate evenly among the sessions with a backlog."""
 
     @classmethod
     def from_dict(cls, d):
-        wt = d.get("write_throttle")
-        if wt is not None:
-            t, total = (int(x) for x in wt)
-            wt = (t, total)
-        return cls(int(d["write_threads"]) if d.get("write_threads") is not None else None, wt)
+        wt = d.get("write_threads")
+        wl = d.get("write_throttle")
+        if wl is not None:
+            t, total = (int(x) for x in wl)
+            wl = (t, total)
+        backlog = d.get("backlog")
+        return cls(int(wt) if wt is not None else None, wl, bool(backlog) if backlog is not None else None)
 
 
 @dataclass

@@ -121,6 +121,8 @@ class ReceiverServer:
         every session at most ``thread_bps``, all sessions' writes together ``total_bps`` on one
         clock (:class:`automdt.transfer_engine.SharedLimit`); a sender's own write throttle
         applies on top. 0: no limit.
+    :param fair_share: share the receiving rate evenly among sessions that want more
+        (:mod:`automdt.fair_share`; ``receive --no-fair-share`` turns it off).
     """
 
     def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
@@ -128,7 +130,7 @@ class ReceiverServer:
                  max_files: int = 10_000_000, max_sessions: int = 16, encrypt: bool = False,
                  metrics: Any = None, embedded: bool = False, total_memory: int = TOTAL_MEMORY,
                  total_threads: int = TOTAL_THREADS, total_connections: int = TOTAL_CONNECTIONS,
-                 disk_throttle: Tuple[int, int] = (0, 0)):
+                 disk_throttle: Tuple[int, int] = (0, 0), fair_share: bool = True):
         check_root(root, writable=False)
         if secret is None and not is_loopback(host):
             raise errors.AutomdtError(
@@ -151,6 +153,12 @@ class ReceiverServer:
         self.total_connections = total_connections
         self.disk_thread_bps = int(disk_throttle[0])
         """The emulated disk's rate per write thread of every session (0: none)."""
+        self.fair_share: Any = None
+        """The rate divider of ``--fair-share`` (:class:`automdt.fair_share.FairShare`), or None."""
+        if fair_share:
+            from automdt.fair_share import FairShare
+
+            self.fair_share = FairShare()
         self.disk: Any = None
         if disk_throttle[1]:
             from automdt.transfer_engine import SharedLimit
@@ -282,6 +290,8 @@ class ReceiverServer:
                 if now - s.last_seen > limit:
                     log.warning("session %s idle for %.0f s: closing it (partial files kept)", s.sid, now - s.last_seen)
                     s.close(f"closed after {now - s.last_seen:.0f} s idle")
+            if self.fair_share is not None:
+                self.fair_share.step([s for s in self.sessions.values() if s.state == "open"], now)
             if self.metrics is not None and now >= next_metrics:
                 next_metrics = now + 0.25
                 self.metrics.update(self)

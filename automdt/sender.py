@@ -46,6 +46,9 @@ CLOSE_TIMEOUT_S = 5.0
 DURABLE_CLOSE_TIMEOUT_S = 900.0
 """Reply timeout of the ``close`` that waits for the durable point (``--fsync end``: the receiver
 writes back everything cached for the destination's filesystem first)."""
+BACKLOG_CHUNKS = 2
+"""Chunks read and waiting for a network thread at which the sender tells the receiver it has a
+backlog (``poll``'s ``backlog``): a sender its source holds back rarely has two waiting."""
 LOOP_PAUSE_FIRST_S = 0.002
 LOOP_PAUSE_MAX_S = 0.02
 LOOP_PAUSE_GROWTH = 0.1
@@ -459,6 +462,7 @@ class _Transfer:
             self.limits = self.clock.current()[1]
         self.write_limit_sent = _pair(self.limits.get("write", (0, 0)))
         self.want_write_limit = self.write_limit_sent
+        self.backlog_sent = False
         # progress of the control loop (see _watch)
         self.loop_start = 0.0
         self.last_written = -1
@@ -885,6 +889,9 @@ class _Transfer:
         if self.want_write_limit != self.write_limit_sent:
             req.write_throttle = _ints(self.want_write_limit)
             self.write_limit_sent = self.want_write_limit
+        backlog = self.engine is not None and self.engine.stats().buffer.slots_ready >= BACKLOG_CHUNKS
+        if backlog != self.backlog_sent:
+            req.backlog = self.backlog_sent = backlog
         from automdt.transfer_engine import ReceiverStats
 
         r = self.ctl.call(req)

@@ -133,6 +133,8 @@ class Session:
         self.token = b""
         # what ``open`` set up
         self.engine: Any = None
+        self.backlog = False
+        """The sender's last word on whether data waits to be sent (``poll``'s ``backlog``)."""
         self.memory_asked = self.memory_now = 0
         """The staging buffer the sender asked for (clamped by ``--max-memory``), and what the
         receiver's budget gives it now."""
@@ -640,6 +642,8 @@ class Session:
         if req.write_threads is not None:
             self.threads_asked = int(req.write_threads)
             self.apply_share(self.server.shares())
+        if req.backlog is not None:
+            self.backlog = req.backlog
         if req.write_throttle is not None:  # a throttle schedule's entry became due
             t, total = (max(0, x) for x in req.write_throttle)
             self.engine.set_throttle("write", self._thread_limit(t), total)

@@ -134,6 +134,8 @@ def _parser():
     ap.add_argument("--mib", type=float, default=32, help="MiB per sender (default 32)")
     ap.add_argument("--policies", default="ppo", help="comma list cycled over the senders (default ppo, the shipped PPO network)")
     ap.add_argument("--link-mbps", type=float, default=40, help="shared link rate MB/s (0: loopback; default 40)")
+    ap.add_argument("--fair-share", action=argparse.BooleanOptionalAction, default=True,
+                    help="the receiver's --fair-share (default: on, as the receiver's own default)")
     ap.add_argument("--disk-throttle", default="", metavar="SPEC",
                     help="the receiver's emulated destination disk, shared by every session (its --throttle: "
                          "write.thread=RATE,write.total=RATE; default none)")
@@ -175,13 +177,15 @@ def main(argv=None) -> int:
         with Net(a.link_mbps) as net:
             res["link"] = f"tbf {a.link_mbps:g} MB/s between two namespaces" if net.use_ns else "loopback"
             res["disk_throttle"] = a.disk_throttle
+            res["fair_share"] = a.fair_share
             errp = os.path.join(work, "receiver.err")
             with open(errp, "w") as err:
                 recv = subprocess.Popen(net.wrap("rcv", [PY, "-m", "automdt", "receive", "--listen",
                                                          f"{net.ip_r}:{port}", "--root", root, "--secret-file", secret,
                                                          "--max-sessions", str(n), "--max-memory", a.max_memory,
                                                          "--metrics", "127.0.0.1:9215", *budget_args,
-                                                         *(["--throttle", a.disk_throttle] if a.disk_throttle else [])]),
+                                                         *(["--throttle", a.disk_throttle] if a.disk_throttle else []),
+                                                         *([] if a.fair_share else ["--no-fair-share"])]),
                                         stdout=subprocess.DEVNULL, stderr=err)
             deadline = time.monotonic() + 60
             while "receiving into" not in open(errp).read():
