@@ -297,6 +297,27 @@ done:
     return out;
 }
 
+int amdt_check_engine_cfg(uint64_t chunk_size, uint64_t memory_bytes, int max_threads, char *err,
+                          size_t errlen)
+{
+    if (chunk_size < AMDT_CHUNK_SIZE_MIN || chunk_size > AMDT_CHUNK_SIZE_MAX) {
+        snprintf(err, errlen, "chunk_size must be in %d..%d, got %llu", AMDT_CHUNK_SIZE_MIN,
+                 AMDT_CHUNK_SIZE_MAX, (unsigned long long)chunk_size);
+        return -1;
+    }
+    if (memory_bytes < chunk_size) {
+        snprintf(err, errlen, "memory_bytes (%llu) must hold at least one chunk (%llu)",
+                 (unsigned long long)memory_bytes, (unsigned long long)chunk_size);
+        return -1;
+    }
+    if (max_threads < 1 || max_threads > AMDT_MAX_THREADS) {
+        snprintf(err, errlen, "max_threads must be in 1..%d, got %d", AMDT_MAX_THREADS,
+                 max_threads);
+        return -1;
+    }
+    return 0;
+}
+
 const char *amdt_strerror(int err, char *buf, size_t len)
 {
 #if defined(__GLIBC__) && defined(_GNU_SOURCE)

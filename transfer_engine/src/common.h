@@ -155,6 +155,11 @@ void amdt_event_push(amdt_events *q, int kind, uint32_t file_id, uint64_t offset
  * A pending dropped count is reported as a final AMDT_EV_DROPPED event. */
 amdt_event *amdt_events_drain(amdt_events *q, size_t *n);
 
+/* The limits both engines' configurations share (chunk size, a buffer of at least one chunk,
+ * max_threads): 0, or -1 with the message in err. */
+int amdt_check_engine_cfg(uint64_t chunk_size, uint64_t memory_bytes, int max_threads, char *err,
+                          size_t errlen);
+
 /* strerror_r into a caller buffer (GNU/XSI agnostic). */
 const char *amdt_strerror(int err, char *buf, size_t len);
 

@@ -47,29 +47,67 @@ static void amdt_format_peer(const struct sockaddr_storage *sa, char *out, size_
 
 /* ---- construction ------------------------------------------------------------------ */
 
+/* Bind and listen on cfg's host and port (r->lsock, r->port): 0, or -1 with the message in err
+ * (r->lsock, if open, is the caller's to close). */
+static int amdt_receiver_listen(amdt_receiver *r, const amdt_receiver_cfg *cfg, char *err,
+                                size_t errlen)
+{
+    struct addrinfo hints, *res = NULL;
+    char portstr[16], ebuf[128];
+    int rc = -1;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    snprintf(portstr, sizeof(portstr), "%d", cfg->port);
+    int gai = getaddrinfo(cfg->host[0] ? cfg->host : NULL, portstr, &hints, &res);
+    if (gai != 0) {
+        snprintf(err, errlen, "resolve %s: %s", cfg->host, gai_strerror(gai));
+        goto out;
+    }
+    r->lsock = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (r->lsock < 0) {
+        snprintf(err, errlen, "socket: %s", amdt_strerror(errno, ebuf, sizeof(ebuf)));
+        goto out;
+    }
+    int one = 1;
+    setsockopt(r->lsock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    /* Set on the listening socket so accepted sockets inherit it before the handshake
+     * (the TCP window scale is fixed then). */
+    if (cfg->rcvbuf > 0)
+        setsockopt(r->lsock, SOL_SOCKET, SO_RCVBUF, &cfg->rcvbuf, sizeof(cfg->rcvbuf));
+    if (bind(r->lsock, res->ai_addr, res->ai_addrlen) != 0) {
+        snprintf(err, errlen, "bind %s:%d: %s", cfg->host, cfg->port,
+                 amdt_strerror(errno, ebuf, sizeof(ebuf)));
+        goto out;
+    }
+    if (listen(r->lsock, 256) != 0) {
+        snprintf(err, errlen, "listen: %s", amdt_strerror(errno, ebuf, sizeof(ebuf)));
+        goto out;
+    }
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof(bound);
+    getsockname(r->lsock, (struct sockaddr *)&bound, &blen);
+    r->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                : ((struct sockaddr_in *)&bound)->sin_port);
+    rc = 0;
+out:
+    if (res != NULL)
+        freeaddrinfo(res);
+    return rc;
+}
+
 amdt_receiver *amdt_receiver_new(const amdt_receiver_cfg *cfg, char *err, size_t errlen)
 {
     amdt_receiver *r = NULL;
-    struct addrinfo hints, *res = NULL;
-    char portstr[16], ebuf[128];
+    char ebuf[128];
     int have_mu = 0, have_cv = 0, have_map = 0, have_pool = 0, have_recv = 0, have_write = 0;
     int have_events = 0;
 
-    if (cfg->chunk_size < AMDT_CHUNK_SIZE_MIN || cfg->chunk_size > AMDT_CHUNK_SIZE_MAX) {
-        snprintf(err, errlen, "chunk_size must be in %d..%d, got %llu", AMDT_CHUNK_SIZE_MIN,
-                 AMDT_CHUNK_SIZE_MAX, (unsigned long long)cfg->chunk_size);
+    if (amdt_check_engine_cfg(cfg->chunk_size, cfg->memory_bytes, cfg->max_threads, err, errlen) !=
+        0)
         goto error;
-    }
-    if (cfg->memory_bytes < cfg->chunk_size) {
-        snprintf(err, errlen, "memory_bytes (%llu) must hold at least one chunk (%llu)",
-                 (unsigned long long)cfg->memory_bytes, (unsigned long long)cfg->chunk_size);
-        goto error;
-    }
-    if (cfg->max_threads < 1 || cfg->max_threads > AMDT_MAX_THREADS) {
-        snprintf(err, errlen, "max_threads must be in 1..%d, got %d", AMDT_MAX_THREADS,
-                 cfg->max_threads);
-        goto error;
-    }
 
     r = calloc(1, sizeof(*r));
     if (r == NULL) {
@@ -83,43 +121,8 @@ amdt_receiver *amdt_receiver_new(const amdt_receiver_cfg *cfg, char *err, size_t
         (r->tls = amdt_tls_new(1, cfg->tls_key, !cfg->tls_per_record, err, errlen)) == NULL)
         goto error_free;
 
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    snprintf(portstr, sizeof(portstr), "%d", cfg->port);
-    int gai = getaddrinfo(cfg->host[0] ? cfg->host : NULL, portstr, &hints, &res);
-    if (gai != 0) {
-        snprintf(err, errlen, "resolve %s: %s", cfg->host, gai_strerror(gai));
+    if (amdt_receiver_listen(r, cfg, err, errlen) != 0)
         goto error_free;
-    }
-    r->lsock = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (r->lsock < 0) {
-        snprintf(err, errlen, "socket: %s", amdt_strerror(errno, ebuf, sizeof(ebuf)));
-        goto error_free;
-    }
-    int one = 1;
-    setsockopt(r->lsock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    /* Set on the listening socket so accepted sockets inherit it before the handshake
-     * (the TCP window scale is fixed then). */
-    if (cfg->rcvbuf > 0)
-        setsockopt(r->lsock, SOL_SOCKET, SO_RCVBUF, &cfg->rcvbuf, sizeof(cfg->rcvbuf));
-    if (bind(r->lsock, res->ai_addr, res->ai_addrlen) != 0) {
-        snprintf(err, errlen, "bind %s:%d: %s", cfg->host, cfg->port,
-                 amdt_strerror(errno, ebuf, sizeof(ebuf)));
-        goto error_free;
-    }
-    if (listen(r->lsock, 256) != 0) {
-        snprintf(err, errlen, "listen: %s", amdt_strerror(errno, ebuf, sizeof(ebuf)));
-        goto error_free;
-    }
-    struct sockaddr_storage bound;
-    socklen_t blen = sizeof(bound);
-    getsockname(r->lsock, (struct sockaddr *)&bound, &blen);
-    r->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                : ((struct sockaddr_in *)&bound)->sin_port);
-    freeaddrinfo(res);
-    res = NULL;
 
     if (pthread_mutex_init(&r->mu, NULL) != 0)
         goto error_sys;
@@ -187,8 +190,6 @@ error_sys:
     if (have_mu)
         pthread_mutex_destroy(&r->mu);
 error_free:
-    if (res != NULL)
-        freeaddrinfo(res);
     if (r->lsock >= 0)
         close(r->lsock);
     amdt_tls_free(r->tls);
@@ -469,24 +470,20 @@ static int amdt_validate_frame(amdt_receiver *r, const amdt_frame_hdr *h, char *
     return 0;
 }
 
-static void amdt_conn_body(amdt_worker *w)
+/* The start of a data connection: the TLS handshake (an encrypted receiver) and the hello with
+ * the session's token, within AMDT_HELLO_TIMEOUT_MS. 0 when the peer may send frames; -1 when it
+ * was refused (counted and reported) or the receiver stops. */
+static int amdt_conn_hello(amdt_receiver *r, amdt_conn *c, amdt_link *link)
 {
-    amdt_receiver *r = w->stage->owner;
-    amdt_conn *c = w->ctx;
-    int fd = c->fd, err = 0, authed = 0;
-    amdt_link link = {.fd = fd, .ssl = NULL};
-    char ebuf[128], msg[AMDT_EVENT_MSG];
+    int err = 0;
+    char ebuf[128];
     uint8_t hello[AMDT_HELLO_LEN];
-
-    amdt_worker_set_sock(w, fd);
-    struct timeval tv = {.tv_sec = 0, .tv_usec = AMDT_WAIT_MS * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-
-    amdt_worker_set_state(w, AMDT_STATE_IDLE);
     uint64_t deadline = amdt_now_ns() + (uint64_t)AMDT_HELLO_TIMEOUT_MS * 1000000ULL;
+
     if (r->tls != NULL) {
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)); /* the handshake writes */
-        err = amdt_tls_start(r->tls, &link, &r->stop, deadline);
+        struct timeval tv = {.tv_sec = 0, .tv_usec = AMDT_WAIT_MS * 1000};
+        setsockopt(link->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)); /* the handshake writes */
+        err = amdt_tls_start(r->tls, link, &r->stop, deadline);
         if (err != 0) {
             if (err != ECANCELED) {
                 __atomic_fetch_add(&r->connections_rejected, 1, __ATOMIC_RELAXED);
@@ -495,17 +492,17 @@ static void amdt_conn_body(amdt_worker *w)
                                 err == EPROTO ? "wrong key or not TLS"
                                               : amdt_strerror(err, ebuf, sizeof(ebuf)));
             }
-            goto out;
+            return -1;
         }
     }
-    if (amdt_recv_full(r, &link, hello, sizeof(hello), deadline, 0, NULL, &err, NULL) != 0) {
+    if (amdt_recv_full(r, link, hello, sizeof(hello), deadline, 0, NULL, &err, NULL) != 0) {
         if (err != ECANCELED) {
             __atomic_fetch_add(&r->connections_rejected, 1, __ATOMIC_RELAXED);
             amdt_event_push(&r->events, AMDT_EV_CONN_REJECTED, 0, 0, 0, err, "no hello from %s: %s",
                             c->peer,
                             err ? amdt_strerror(err, ebuf, sizeof(ebuf)) : "connection closed");
         }
-        goto out;
+        return -1;
     }
     int magic_ok = memcmp(hello, AMDT_HELLO_MAGIC, AMDT_HELLO_MAGIC_LEN) == 0;
     int token_ok = amdt_token_eq(hello + AMDT_HELLO_MAGIC_LEN, r->token, AMDT_TOKEN_LEN);
@@ -513,84 +510,108 @@ static void amdt_conn_body(amdt_worker *w)
         __atomic_fetch_add(&r->connections_rejected, 1, __ATOMIC_RELAXED);
         amdt_event_push(&r->events, AMDT_EV_CONN_REJECTED, 0, 0, 0, 0, "%s from %s",
                         magic_ok ? "bad token" : "bad hello magic", c->peer);
-        goto out;
+        return -1;
     }
+    return 0;
+}
+
+/* Receive one frame into a slot of the staging buffer and queue it for the writers. 0 for the
+ * next frame; 1 at a clean close between frames; -1 when the connection ends or breaks (the
+ * partial chunk is dropped; the event says why) or the receiver stops. */
+static int amdt_conn_frame(amdt_receiver *r, amdt_worker *w, amdt_conn *c, amdt_link *link)
+{
+    uint8_t raw[AMDT_FRAME_HDR_LEN];
+    amdt_frame_hdr h;
+    size_t got = 0;
+    int err = 0;
+    char ebuf[128], msg[AMDT_EVENT_MSG];
+
+    /* Waiting for the next frame header: the peer decides, so it is idle time. */
+    amdt_worker_set_state(w, AMDT_STATE_IDLE);
+    int rc = amdt_recv_full(r, link, raw, sizeof(raw), 0, 1, NULL, &err, &got);
+    if (rc == 1)
+        return 1; /* clean close at a frame boundary */
+    if (rc != 0) {
+        if (err != ECANCELED)
+            amdt_event_push(&r->events, AMDT_EV_CONN_ERROR, 0, 0, 0, err,
+                            "connection from %s ended inside a frame header: %s", c->peer,
+                            err ? amdt_strerror(err, ebuf, sizeof(ebuf)) : "connection closed");
+        return -1;
+    }
+    amdt_frame_decode(&h, raw);
+    if (amdt_validate_frame(r, &h, msg, sizeof(msg)) != 0) {
+        __atomic_fetch_add(&r->protocol_errors, 1, __ATOMIC_RELAXED);
+        amdt_event_push(&r->events, AMDT_EV_PROTOCOL_ERROR, h.file_id, h.offset, h.length, 0,
+                        "%s from %s", msg, c->peer);
+        return -1;
+    }
+    /* Waiting for room in the receiver staging buffer is the recv stage's wait time, and so
+     * is a receiving limit's pace (the daemon's fair share: each piece of a chunk is read at
+     * the end of its turn on the session's receiving clock, and TCP's flow control slows the
+     * sender). */
+    amdt_worker_set_state(w, AMDT_STATE_WAIT);
+    amdt_slot *slot = NULL;
+    while (slot == NULL && !amdt_stopping(&r->stop))
+        slot = amdt_pool_get(&r->pool, h.length, AMDT_WAIT_MS);
+    if (slot == NULL)
+        return -1;
+
+    amdt_worker_set_state(w, AMDT_STATE_BUSY);
+    slot->file = NULL;
+    slot->file_id = h.file_id;
+    slot->offset = h.offset;
+    slot->hash = h.hash;
+    amdt_hstate hs;
+    amdt_hash_reset(&hs);
+    got = 0;
+    while (got < h.length) {
+        size_t want = h.length - got < AMDT_PIECE ? h.length - got : AMDT_PIECE, piece = 0;
+        if (amdt_stage_throttled(&r->recv)) { /* each piece waits for its turn */
+            amdt_worker_set_state(w, AMDT_STATE_WAIT);
+            amdt_throttle_wait(w, amdt_throttle_reserve(w, want));
+            amdt_worker_set_state(w, AMDT_STATE_BUSY);
+        }
+        rc = amdt_recv_full(r, link, slot->data + got, want, 0, 0, &r->recv, &err, &piece);
+        if (rc != 0) {
+            got += piece;
+            break;
+        }
+        amdt_hash_update(&hs, slot->data + got, want);
+        got += want;
+    }
+    slot->payload_hash = amdt_hash_digest(&hs);
+    if (rc != 0) {
+        amdt_pool_put(&r->pool, slot); /* the partial chunk is dropped */
+        if (err != ECANCELED)
+            amdt_event_push(&r->events, AMDT_EV_CONN_ERROR, h.file_id, h.offset, h.length, err,
+                            "connection from %s ended inside a frame (%zu of %u bytes): %s",
+                            c->peer, got, h.length,
+                            err ? amdt_strerror(err, ebuf, sizeof(ebuf)) : "connection closed");
+        return -1;
+    }
+    amdt_pool_push(&r->pool, slot);
+    return 0;
+}
+
+static void amdt_conn_body(amdt_worker *w)
+{
+    amdt_receiver *r = w->stage->owner;
+    amdt_conn *c = w->ctx;
+    int fd = c->fd, authed = 0;
+    amdt_link link = {.fd = fd, .ssl = NULL};
+
+    amdt_worker_set_sock(w, fd);
+    struct timeval tv = {.tv_sec = 0, .tv_usec = AMDT_WAIT_MS * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    amdt_worker_set_state(w, AMDT_STATE_IDLE);
+    if (amdt_conn_hello(r, c, &link) != 0)
+        goto out;
     authed = 1;
     __atomic_fetch_add(&r->connections, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&r->connections_total, 1, __ATOMIC_RELAXED);
     amdt_debug("recv[%d]: connection from %s", w->index, c->peer);
-
-    for (;;) {
-        uint8_t raw[AMDT_FRAME_HDR_LEN];
-        amdt_frame_hdr h;
-        size_t got = 0;
-
-        /* Waiting for the next frame header: the peer decides, so it is idle time. */
-        amdt_worker_set_state(w, AMDT_STATE_IDLE);
-        int rc = amdt_recv_full(r, &link, raw, sizeof(raw), 0, 1, NULL, &err, &got);
-        if (rc == 1)
-            break; /* clean close at a frame boundary */
-        if (rc != 0) {
-            if (err != ECANCELED)
-                amdt_event_push(&r->events, AMDT_EV_CONN_ERROR, 0, 0, 0, err,
-                                "connection from %s ended inside a frame header: %s", c->peer,
-                                err ? amdt_strerror(err, ebuf, sizeof(ebuf)) : "connection closed");
-            break;
-        }
-        amdt_frame_decode(&h, raw);
-        if (amdt_validate_frame(r, &h, msg, sizeof(msg)) != 0) {
-            __atomic_fetch_add(&r->protocol_errors, 1, __ATOMIC_RELAXED);
-            amdt_event_push(&r->events, AMDT_EV_PROTOCOL_ERROR, h.file_id, h.offset, h.length, 0,
-                            "%s from %s", msg, c->peer);
-            break;
-        }
-
-        /* Waiting for room in the receiver staging buffer is the recv stage's wait time, and so
-         * is a receiving limit's pace (the daemon's fair share: each piece of a chunk is read at
-         * the end of its turn on the session's receiving clock, and TCP's flow control slows the
-         * sender). */
-        amdt_worker_set_state(w, AMDT_STATE_WAIT);
-        amdt_slot *slot = NULL;
-        while (slot == NULL && !amdt_stopping(&r->stop))
-            slot = amdt_pool_get(&r->pool, h.length, AMDT_WAIT_MS);
-        if (slot == NULL)
-            break;
-
-        amdt_worker_set_state(w, AMDT_STATE_BUSY);
-        slot->file = NULL;
-        slot->file_id = h.file_id;
-        slot->offset = h.offset;
-        slot->hash = h.hash;
-        amdt_hstate hs;
-        amdt_hash_reset(&hs);
-        got = 0;
-        while (got < h.length) {
-            size_t want = h.length - got < AMDT_PIECE ? h.length - got : AMDT_PIECE, piece = 0;
-            if (amdt_stage_throttled(&r->recv)) { /* each piece waits for its turn */
-                amdt_worker_set_state(w, AMDT_STATE_WAIT);
-                amdt_throttle_wait(w, amdt_throttle_reserve(w, want));
-                amdt_worker_set_state(w, AMDT_STATE_BUSY);
-            }
-            rc = amdt_recv_full(r, &link, slot->data + got, want, 0, 0, &r->recv, &err, &piece);
-            if (rc != 0) {
-                got += piece;
-                break;
-            }
-            amdt_hash_update(&hs, slot->data + got, want);
-            got += want;
-        }
-        slot->payload_hash = amdt_hash_digest(&hs);
-        if (rc != 0) {
-            amdt_pool_put(&r->pool, slot); /* the partial chunk is dropped */
-            if (err != ECANCELED)
-                amdt_event_push(&r->events, AMDT_EV_CONN_ERROR, h.file_id, h.offset, h.length, err,
-                                "connection from %s ended inside a frame (%zu of %u bytes): %s",
-                                c->peer, got, h.length,
-                                err ? amdt_strerror(err, ebuf, sizeof(ebuf)) : "connection closed");
-            break;
-        }
-        amdt_pool_push(&r->pool, slot);
-    }
+    while (amdt_conn_frame(r, w, c, &link) == 0)
+        ;
 
 out:
     if (authed)
@@ -603,6 +624,59 @@ out:
 }
 
 /* ---- write pool -------------------------------------------------------------------- */
+
+/* Write a slot's chunk at its offset of fd: 0 or an errno. A throttled write (`paced`) reserves
+ * the chunk and writes each AMDT_THROTTLE_STEP at the end of its share of the reserved time,
+ * counting it once written; an unthrottled one writes the chunk in one go (the caller counts it
+ * when done). */
+static int amdt_write_chunk(amdt_receiver *r, amdt_worker *w, int fd, const amdt_slot *slot,
+                            int paced)
+{
+    uint64_t off = slot->offset;
+    uint32_t len = slot->length;
+    size_t done = 0;
+    amdt_pace pace = {0, 0, 0};
+    if (paced)
+        pace = amdt_throttle_reserve(w, len);
+    while (done < len) {
+        size_t end = len;
+        if (paced) {
+            end = len - done < AMDT_THROTTLE_STEP ? len : done + AMDT_THROTTLE_STEP;
+            amdt_throttle_wait_share(w, pace, end, len);
+        }
+        size_t from = done;
+        while (done < end) {
+            ssize_t n = pwrite(fd, slot->data + done, end - done, (off_t)(off + done));
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0) {
+                int err = n < 0 ? errno : EIO;
+                if (paced)
+                    amdt_stage_add_bytes(&r->write, done - from);
+                return err;
+            }
+            done += (size_t)n;
+        }
+        if (paced)
+            amdt_stage_add_bytes(&r->write, done - from);
+    }
+    return 0;
+}
+
+/* Append the journal record of a written chunk: 0 or an errno (a torn record is EIO; the journal
+ * reader skips it by its check). */
+static int amdt_journal_append(int jfd, uint32_t len, uint64_t off, uint64_t payload_hash)
+{
+    uint8_t rec[AMDT_JOURNAL_REC_LEN];
+    amdt_journal_encode(rec, len, off, payload_hash);
+    ssize_t n;
+    do {
+        n = write(jfd, rec, sizeof(rec));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return errno;
+    return n != (ssize_t)sizeof(rec) ? EIO : 0;
+}
 
 static void amdt_writer_body(amdt_worker *w)
 {
@@ -655,54 +729,14 @@ static void amdt_writer_body(amdt_worker *w)
         pthread_mutex_unlock(&r->mu);
 
         /* No lock held: the in-flight count keeps remove_file() waiting. */
-        int err = 0;
         const char *what = "pwrite";
-        size_t done = 0;
-        /* A throttled write reserves the chunk and writes each AMDT_THROTTLE_STEP at the end of
-         * its share of the reserved time, counting it once written; an unthrottled one writes
-         * the chunk in one go and counts it when done. */
         int paced = amdt_stage_throttled(&r->write);
-        amdt_pace pace = {0, 0, 0};
-        if (paced)
-            pace = amdt_throttle_reserve(w, len);
-        while (done < len && err == 0) {
-            size_t end = len;
-            if (paced) {
-                end = len - done < AMDT_THROTTLE_STEP ? len : done + AMDT_THROTTLE_STEP;
-                amdt_throttle_wait_share(w, pace, end, len);
-            }
-            size_t from = done;
-            while (done < end) {
-                ssize_t n = pwrite(fd, slot->data + done, end - done, (off_t)(off + done));
-                if (n < 0) {
-                    if (errno == EINTR)
-                        continue;
-                    err = errno;
-                    break;
-                }
-                if (n == 0) {
-                    err = EIO;
-                    break;
-                }
-                done += (size_t)n;
-            }
-            if (paced)
-                amdt_stage_add_bytes(&r->write, done - from);
-        }
+        int err = amdt_write_chunk(r, w, fd, slot, paced);
         if (err == 0 && __atomic_load_n(&r->write_behind, __ATOMIC_RELAXED))
             (void)sync_file_range(fd, (off_t)off, (off_t)len, SYNC_FILE_RANGE_WRITE); /* a hint */
         if (err == 0 && jfd >= 0) {
-            uint8_t rec[AMDT_JOURNAL_REC_LEN];
-            amdt_journal_encode(rec, len, off, payload_hash);
             what = "journal write";
-            ssize_t n;
-            do {
-                n = write(jfd, rec, sizeof(rec));
-            } while (n < 0 && errno == EINTR);
-            if (n < 0)
-                err = errno;
-            else if (n != (ssize_t)sizeof(rec))
-                err = EIO; /* a torn record: the journal reader skips it (bad check) */
+            err = amdt_journal_append(jfd, len, off, payload_hash);
         }
 
         pthread_mutex_lock(&r->mu);

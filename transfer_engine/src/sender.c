@@ -35,42 +35,59 @@ static void amdt_net_body(amdt_worker *w);
 
 /* ---- construction ------------------------------------------------------------------ */
 
-amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errlen)
+/* The configuration's limits: 0, or -1 with the message in err. */
+static int amdt_sender_check(const amdt_sender_cfg *cfg, char *err, size_t errlen)
 {
-    amdt_sender *s = NULL;
-    struct addrinfo hints, *res = NULL;
-    char portstr[16];
-    int have_mu = 0, have_cv = 0, have_map = 0, have_pool = 0, have_read = 0, have_net = 0;
-    int have_events = 0;
-
-    if (cfg->chunk_size < AMDT_CHUNK_SIZE_MIN || cfg->chunk_size > AMDT_CHUNK_SIZE_MAX) {
-        snprintf(err, errlen, "chunk_size must be in %d..%d, got %llu", AMDT_CHUNK_SIZE_MIN,
-                 AMDT_CHUNK_SIZE_MAX, (unsigned long long)cfg->chunk_size);
-        goto error;
-    }
-    if (cfg->memory_bytes < cfg->chunk_size) {
-        snprintf(err, errlen, "memory_bytes (%llu) must hold at least one chunk (%llu)",
-                 (unsigned long long)cfg->memory_bytes, (unsigned long long)cfg->chunk_size);
-        goto error;
-    }
-    if (cfg->max_threads < 1 || cfg->max_threads > AMDT_MAX_THREADS) {
-        snprintf(err, errlen, "max_threads must be in 1..%d, got %d", AMDT_MAX_THREADS,
-                 cfg->max_threads);
-        goto error;
-    }
+    if (amdt_check_engine_cfg(cfg->chunk_size, cfg->memory_bytes, cfg->max_threads, err, errlen) !=
+        0)
+        return -1;
     if (cfg->local != NULL && cfg->tls_key != NULL) {
         snprintf(err, errlen, "the local link carries no TLS (both ends are in this process)");
-        goto error;
+        return -1;
     }
     if (cfg->local != NULL && cfg->local->chunk_size != cfg->chunk_size) {
         snprintf(err, errlen, "chunk_size %llu differs from the local receiver's %llu",
                  (unsigned long long)cfg->chunk_size, (unsigned long long)cfg->local->chunk_size);
-        goto error;
+        return -1;
     }
-    if (strlen(cfg->host) >= sizeof(s->host)) {
+    if (strlen(cfg->host) >= sizeof(((amdt_sender *)NULL)->host)) {
         snprintf(err, errlen, "host name too long");
-        goto error;
+        return -1;
     }
+    return 0;
+}
+
+/* The receiver's address (s->addr; none on the local link): 0, or -1 with the message in err. */
+static int amdt_sender_resolve(amdt_sender *s, const amdt_sender_cfg *cfg, char *err, size_t errlen)
+{
+    struct addrinfo hints, *res = NULL;
+    char portstr[16];
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(portstr, sizeof(portstr), "%d", cfg->port);
+    int gai = s->local != NULL ? 0 : getaddrinfo(cfg->host, portstr, &hints, &res);
+    if (gai != 0) {
+        snprintf(err, errlen, "resolve %s: %s", cfg->host, gai_strerror(gai));
+        return -1;
+    }
+    if (res != NULL) {
+        memcpy(&s->addr, res->ai_addr, res->ai_addrlen);
+        s->addrlen = res->ai_addrlen;
+        freeaddrinfo(res);
+    }
+    return 0;
+}
+
+amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errlen)
+{
+    amdt_sender *s = NULL;
+    int have_mu = 0, have_cv = 0, have_map = 0, have_pool = 0, have_read = 0, have_net = 0;
+    int have_events = 0;
+
+    if (amdt_sender_check(cfg, err, errlen) != 0)
+        goto error;
 
     s = calloc(1, sizeof(*s));
     if (s == NULL) {
@@ -93,20 +110,8 @@ amdt_sender *amdt_sender_new(const amdt_sender_cfg *cfg, char *err, size_t errle
     if (s->local != NULL)
         s->zerocopy = 0;
 
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    snprintf(portstr, sizeof(portstr), "%d", cfg->port);
-    int gai = s->local != NULL ? 0 : getaddrinfo(cfg->host, portstr, &hints, &res);
-    if (gai != 0) {
-        snprintf(err, errlen, "resolve %s: %s", cfg->host, gai_strerror(gai));
+    if (amdt_sender_resolve(s, cfg, err, errlen) != 0)
         goto error;
-    }
-    if (res != NULL) {
-        memcpy(&s->addr, res->ai_addr, res->ai_addrlen);
-        s->addrlen = res->ai_addrlen;
-        freeaddrinfo(res);
-    }
 
     if (pthread_mutex_init(&s->mu, NULL) != 0)
         goto error_sys;
