@@ -172,8 +172,10 @@ def test_the_path_note_names_another_source_or_host():
     assert T.path_note({}, "/x", "/y") is None
 
 
-def test_train_profile_writes_a_file_that_simulate_and_transfer_run(tmp_path):
+def test_train_profile_writes_a_file_that_simulate_and_transfer_run(tmp_path, monkeypatch):
     from tests.util import run_cli, write_file
+
+    monkeypatch.setenv("SB3_LOGDIR", str(tmp_path / "sb3-logs"))  # SB3's default logger would make it
 
     prof = _profile(noise=0.1)
     src = tmp_path / "src"
@@ -185,6 +187,7 @@ def test_train_profile_writes_a_file_that_simulate_and_transfer_run(tmp_path):
     rc, _, err = run_cli("train", "--profile", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "pol.zip"),
                          "--timesteps", "2048", "--no-progress", check_json=False, timeout=300)
     assert rc == 0, err
+    assert not (tmp_path / "sb3-logs").exists()
     side = json.loads((tmp_path / "pol.zip.json").read_text())
     assert side["format"] == T.FORMAT and side["learned"] in T.LEARNED
     assert side["trained_on"]["src"] == str(tmp_path / "elsewhere")
