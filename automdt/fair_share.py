@@ -112,12 +112,12 @@ class FairShare:
         self._next = 0.0
 
     def step(self, sessions: Iterable[Any], now: float) -> None:
-        """Measure and pace ``sessions`` (objects with ``ident``, ``engine`` and ``backlog``) when
-        a period has passed."""
+        """Measure and pace the open ones of ``sessions`` (objects with ``ident``, ``state``,
+        ``engine`` and ``backlog``) when a period has passed."""
         if now < self._next:
             return
         self._next = now + PERIOD_S
-        live = {s.ident: s for s in sessions if s.engine is not None and not s.engine.closed}
+        live = {s.ident: s for s in sessions if s.state == "open" and s.engine is not None and not s.engine.closed}
         for gone in set(self._rates) - set(live):
             del self._rates[gone]
             self._caps.pop(gone, None)
@@ -131,9 +131,10 @@ class FairShare:
         self._find_held_elsewhere(rates)
         limits = caps(rates, {k: bool(s.backlog) for k, s in live.items()}, max(t for _, t in self._totals),
                       self._elsewhere)
-        log.debug("fair share: %s", ", ".join(
-            f"{live[k].sid[-6:]} {(r or 0) / 1e6:.1f} MB/s{' backlog' if live[k].backlog else ''}"
-            f"{' elsewhere' if k in self._elsewhere else ''} limit {limits[k] / 1e6:.1f}" for k, r in rates.items()))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("fair share: %s", ", ".join(
+                f"{live[k].sid[-6:]} {(r or 0) / 1e6:.1f} MB/s{' backlog' if live[k].backlog else ''}"
+                f"{' elsewhere' if k in self._elsewhere else ''} limit {limits[k] / 1e6:.1f}" for k, r in rates.items()))
         for k, cap in limits.items():
             if cap != self._caps.get(k, 0):
                 live[k].engine.set_throttle("recv", 0, cap)

@@ -291,7 +291,7 @@ class ReceiverServer:
                     log.warning("session %s idle for %.0f s: closing it (partial files kept)", s.sid, now - s.last_seen)
                     s.close(f"closed after {now - s.last_seen:.0f} s idle")
             if self.fair_share is not None:
-                self.fair_share.step([s for s in self.sessions.values() if s.state == "open"], now)
+                self.fair_share.step(self.sessions.values(), now)
             if self.metrics is not None and now >= next_metrics:
                 next_metrics = now + 0.25
                 self.metrics.update(self)

@@ -462,7 +462,9 @@ class _Transfer:
             self.limits = self.clock.current()[1]
         self.write_limit_sent = _pair(self.limits.get("write", (0, 0)))
         self.want_write_limit = self.write_limit_sent
-        self.backlog_sent = False
+        self.backlog = self.backlog_sent = False
+        """Whether chunks wait for a network thread (from the loop's stats), and what the
+        receiver was told last (``poll``'s ``backlog``)."""
         # progress of the control loop (see _watch)
         self.loop_start = 0.0
         self.last_written = -1
@@ -717,6 +719,7 @@ class _Transfer:
             self._activate()
             self._engine_events()
             st = self.engine.stats()
+            self.backlog = st.buffer.slots_ready >= BACKLOG_CHUNKS  # told with the next poll
             written = self._watch(st, now)
             rx = self.receiver_stats
             progress = Progress(tail=not self.pending and st.read.bytes >= self.bytes_queued,
@@ -889,9 +892,8 @@ class _Transfer:
         if self.want_write_limit != self.write_limit_sent:
             req.write_throttle = _ints(self.want_write_limit)
             self.write_limit_sent = self.want_write_limit
-        backlog = self.engine is not None and self.engine.stats().buffer.slots_ready >= BACKLOG_CHUNKS
-        if backlog != self.backlog_sent:
-            req.backlog = self.backlog_sent = backlog
+        if self.backlog != self.backlog_sent:
+            req.backlog = self.backlog_sent = self.backlog
         from automdt.transfer_engine import ReceiverStats
 
         r = self.ctl.call(req)
