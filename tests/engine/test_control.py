@@ -203,21 +203,26 @@ def test_throttle_catches_up_the_time_spent_working(rig):
     r.tx.set_throttle("read", 0, 0)
 
 
-@pytest.mark.parametrize("stage", ["read", "write"])
+@pytest.mark.parametrize("stage", ["read", "write", "net", "net-copy", "net-local"])
 def test_a_throttled_stage_counts_its_bytes_as_it_goes(rig, stage):
-    """A throttle plays a device that delivers bytes as it goes: a throttled read or write stage
-    paces and counts 1 MiB steps, not whole chunks. One thread at 2 MB/s with 4 MiB chunks shows
-    bytes within its first second (counted per chunk: nothing for 2.1 s; on an 80 MB/s path 8
-    readers that started together read 67 or 100 MB/s an interval by turns), and the rate over
-    the steps is the limit."""
+    """A throttle plays a device or a link that delivers bytes as it goes: a throttled stage paces
+    and counts 1 MiB steps, not whole chunks (the network stage over TCP, zero-copy or copying,
+    and over the local link). One thread at 2 MB/s with 4 MiB chunks shows bytes within its first
+    second (counted per chunk: nothing for 2.1 s; on an 80 MB/s path 8 readers that started
+    together read 67 or 100 MB/s an interval by turns, and connections added to a slow network
+    showed nothing for a whole interval), and the rate over the steps is the limit."""
     chunk = 4 << 20
-    r = rig(chunk=chunk, memory=16 << 20, threads=(1, 1, 1))
+    kw = {"net-copy": {"zerocopy": False}, "net-local": {"local": True}}.get(stage, {})
+    r = rig(chunk=chunk, memory=16 << 20, threads=(1, 1, 1), sender_kw=kw)
     size = 64 << 20
     src, mtime = _sparse(r, "sparse", size)
     _, fd = r.open_dst("/dev/null", os.O_WRONLY)
     if stage == "read":
         r.tx.set_throttle("read", 2 * MB, 0)
         get = lambda: r.tx.stats().read.bytes  # noqa: E731
+    elif stage.startswith("net"):
+        r.tx.set_throttle("net", 2 * MB, 0)
+        get = lambda: r.tx.stats().net.bytes  # noqa: E731
     else:
         r.rx.set_throttle("write", 2 * MB, 0)
         get = lambda: r.rx.stats().write.bytes  # noqa: E731

@@ -825,16 +825,33 @@ error:
     return err;
 }
 
-/* Send one frame from a slot holding the bytes: header + payload with sendmsg (copy mode),
- * counting payload bytes as they leave. Returns 0 or an errno. */
-static int amdt_send_frame(amdt_sender *s, amdt_link *l, const uint8_t *hdr, amdt_slot *slot)
+/* The end of the payload step that begins at byte `done` of a `length`-byte chunk, once that
+ * step's share of the chunk's reserved window (`pace`) has passed: a throttled network stage
+ * sends, and counts, its bytes in AMDT_THROTTLE_STEP steps across the window, as a link delivers
+ * bytes as it goes (see AMDT_THROTTLE_STEP). Unthrottled (no window): the whole rest at once. */
+static size_t amdt_net_step(amdt_worker *w, amdt_pace pace, size_t done, size_t length)
 {
-    size_t hdr_left = AMDT_FRAME_HDR_LEN, pay_done = 0;
+    if (pace.until_ns == 0)
+        return length;
+    size_t end = length - done < AMDT_THROTTLE_STEP ? length : done + AMDT_THROTTLE_STEP;
+    amdt_throttle_wait_share(w, pace, end, length);
+    return end;
+}
+
+/* Send one frame from a slot holding the bytes: header + payload with sendmsg (copy mode),
+ * counting payload bytes as they leave, in steps paced by `pace` (amdt_net_step). Returns 0 or
+ * an errno. */
+static int amdt_send_frame(amdt_sender *s, amdt_worker *w, amdt_pace pace, amdt_link *l,
+                           const uint8_t *hdr, amdt_slot *slot)
+{
+    size_t hdr_left = AMDT_FRAME_HDR_LEN, pay_done = 0, step_end = 0;
     while (hdr_left > 0 || pay_done < slot->length) {
         if (amdt_stopping(&s->stop))
             return ECANCELED;
+        if (pay_done == step_end && pay_done < slot->length)
+            step_end = amdt_net_step(w, pace, pay_done, slot->length);
         ssize_t n = amdt_link_send2(l, hdr + AMDT_FRAME_HDR_LEN - hdr_left, hdr_left,
-                                    slot->data + pay_done, slot->length - pay_done);
+                                    slot->data + pay_done, step_end - pay_done);
         if (n < 0) {
             if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
                 continue;
@@ -878,15 +895,18 @@ static int amdt_send_buf(amdt_sender *s, amdt_link *l, const uint8_t *buf, size_
 }
 
 /* The rest of a zero-copy slot's payload, from `pos` on, read from the file into `buf`
- * (AMDT_PIECE bytes) and sent: the path of encrypted connections (TLS encrypts in user space),
- * of files sendfile() does not work on, and of the fault hook (corrupt: flip the payload byte
- * at length / 2, after hashing). A file that became shorter than the chunk gives ENODATA.
- * Returns 0 or an errno. */
-static int amdt_send_file_copy(amdt_sender *s, amdt_link *l, const amdt_slot *slot, size_t pos,
-                               uint8_t *buf, int corrupt)
+ * (AMDT_PIECE bytes) and sent in steps paced by `pace`: the path of encrypted connections (TLS
+ * encrypts in user space), of files sendfile() does not work on, and of the fault hook
+ * (corrupt: flip the payload byte at length / 2, after hashing). A file that became shorter
+ * than the chunk gives ENODATA. Returns 0 or an errno. */
+static int amdt_send_file_copy(amdt_sender *s, amdt_worker *w, amdt_pace pace, amdt_link *l,
+                               const amdt_slot *slot, size_t pos, uint8_t *buf, int corrupt)
 {
+    size_t step_end = pos;
     while (pos < slot->length) {
-        size_t want = slot->length - pos < AMDT_PIECE ? slot->length - pos : AMDT_PIECE;
+        if (pos == step_end)
+            step_end = amdt_net_step(w, pace, pos, slot->length);
+        size_t want = step_end - pos < AMDT_PIECE ? step_end - pos : AMDT_PIECE;
         ssize_t n = pread(slot->fd, buf, want, (off_t)(slot->offset + pos));
         if (n < 0 && errno == EINTR)
             continue;
@@ -907,21 +927,24 @@ static int amdt_send_file_copy(amdt_sender *s, amdt_link *l, const amdt_slot *sl
 
 /* Send one frame of a zero-copy slot: the header with MSG_MORE, then the payload straight
  * from the page cache with sendfile() (plain connections), counting payload bytes as they
- * leave. *buf is the thread's piece buffer, allocated on first need (TLS, fallback or fault
- * hook). Returns 0 or an errno; ENODATA: the source file is shorter than when the chunk was
- * read. */
-static int amdt_send_frame_file(amdt_sender *s, amdt_link *l, const uint8_t *hdr,
-                                const amdt_slot *slot, uint8_t **buf, int corrupt)
+ * leave, in steps paced by `pace` (amdt_net_step). *buf is the thread's piece buffer, allocated
+ * on first need (TLS, fallback or fault hook). Returns 0 or an errno; ENODATA: the source file
+ * is shorter than when the chunk was read. */
+static int amdt_send_frame_file(amdt_sender *s, amdt_worker *w, amdt_pace pace, amdt_link *l,
+                                const uint8_t *hdr, const amdt_slot *slot, uint8_t **buf,
+                                int corrupt)
 {
     int err = amdt_send_buf(s, l, hdr, AMDT_FRAME_HDR_LEN, 1, 0);
     if (err != 0)
         return err;
     off_t off = (off_t)slot->offset;
-    size_t done = 0;
+    size_t done = 0, step_end = 0;
     while (!corrupt && l->ssl == NULL && done < slot->length) {
         if (amdt_stopping(&s->stop))
             return ECANCELED;
-        ssize_t n = sendfile(l->fd, slot->fd, &off, slot->length - done);
+        if (done == step_end)
+            step_end = amdt_net_step(w, pace, done, slot->length);
+        ssize_t n = sendfile(l->fd, slot->fd, &off, step_end - done);
         if (n < 0) {
             if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
                 continue; /* SO_SNDTIMEO expired: re-check the stop flag */
@@ -940,7 +963,7 @@ static int amdt_send_frame_file(amdt_sender *s, amdt_link *l, const uint8_t *hdr
         *buf = NULL;
         return ENOMEM;
     }
-    return amdt_send_file_copy(s, l, slot, done, *buf, corrupt);
+    return amdt_send_file_copy(s, w, pace, l, slot, done, *buf, corrupt);
 }
 
 /* Take one unit from the fault-injection counter, if any is left. */
@@ -997,9 +1020,10 @@ static void amdt_net_done(amdt_sender *s, amdt_slot *slot, int requeue)
     amdt_pool_put(&s->pool, slot);
 }
 
-/* The next staged chunk to send, paced by the stage's throttle, with its frame header in *h; NULL
- * when none came within one wait (a chunk of a failed file is dropped on the way). */
-static amdt_slot *amdt_net_next(amdt_sender *s, amdt_worker *w, amdt_frame_hdr *h)
+/* The next staged chunk to send, with its frame header in *h and its reservation on the stage's
+ * throttle in *pace (sent in steps: amdt_net_step); NULL when none came within one wait (a chunk
+ * of a failed file is dropped on the way). */
+static amdt_slot *amdt_net_next(amdt_sender *s, amdt_worker *w, amdt_frame_hdr *h, amdt_pace *pace)
 {
     amdt_worker_set_state(w, AMDT_STATE_WAIT);
     amdt_slot *slot = amdt_pool_pop(&s->pool, AMDT_WAIT_MS);
@@ -1011,7 +1035,7 @@ static amdt_slot *amdt_net_next(amdt_sender *s, amdt_worker *w, amdt_frame_hdr *
         return NULL;
     }
     amdt_worker_set_state(w, AMDT_STATE_BUSY);
-    amdt_throttle_wait(w, amdt_throttle_reserve(w, slot->length)); /* pace before sending */
+    *pace = amdt_throttle_reserve(w, slot->length);
     *h = (amdt_frame_hdr){.magic = AMDT_FRAME_MAGIC,
                           .file_id = slot->file_id,
                           .offset = slot->offset,
@@ -1035,9 +1059,18 @@ static void amdt_net_body_local(amdt_worker *w)
     amdt_receiver_local_attach(r, 1);
     while (!amdt_stage_should_exit(w)) {
         amdt_frame_hdr h;
-        amdt_slot *slot = amdt_net_next(s, w, &h);
+        amdt_pace pace;
+        amdt_slot *slot = amdt_net_next(s, w, &h, &pace);
         if (slot == NULL)
             continue;
+        /* A throttled link delivers the chunk in steps, counted as they pass; the buffer is
+         * handed over once the last one has. */
+        size_t paced = 0;
+        while (pace.until_ns != 0 && paced < slot->length && !amdt_stopping(&s->stop)) {
+            size_t end = amdt_net_step(w, pace, paced, slot->length);
+            amdt_stage_add_bytes(&s->net, end - paced);
+            paced = end;
+        }
         uint64_t payload_hash = slot->hash;
         if (amdt_take_fault(s)) {
             __atomic_fetch_add(&s->frames_corrupted, 1, __ATOMIC_RELAXED);
@@ -1059,7 +1092,8 @@ static void amdt_net_body_local(amdt_worker *w)
             continue;
         }
         fails = 0;
-        amdt_stage_add_bytes(&s->net, h.length);
+        if (paced == 0)
+            amdt_stage_add_bytes(&s->net, h.length);
         __atomic_fetch_add(&s->chunks_sent, 1, __ATOMIC_RELAXED);
         amdt_net_done(s, slot, 0);
     }
@@ -1097,7 +1131,8 @@ static void amdt_net_body(amdt_worker *w)
         }
 
         amdt_frame_hdr h;
-        amdt_slot *slot = amdt_net_next(s, w, &h);
+        amdt_pace pace;
+        amdt_slot *slot = amdt_net_next(s, w, &h, &pace);
         if (slot == NULL)
             continue;
         uint8_t hdr[AMDT_FRAME_HDR_LEN];
@@ -1107,11 +1142,11 @@ static void amdt_net_body(amdt_worker *w)
             __atomic_fetch_add(&s->frames_corrupted, 1, __ATOMIC_RELAXED);
         int err;
         if (s->zerocopy) {
-            err = amdt_send_frame_file(s, &link, hdr, slot, &buf, corrupt);
+            err = amdt_send_frame_file(s, w, pace, &link, hdr, slot, &buf, corrupt);
         } else {
             if (corrupt)
                 slot->data[slot->length / 2] ^= 0xFF; /* after hashing: corruption on the wire */
-            err = amdt_send_frame(s, &link, hdr, slot);
+            err = amdt_send_frame(s, w, pace, &link, hdr, slot);
         }
         if (err != 0) {
             /* The chunk goes back to the readers: re-read, because the slot may be corrupted,

@@ -134,9 +134,9 @@ amdt_pace amdt_throttle_reserve(amdt_worker *w, uint64_t bytes);
 /* Sleep until the reservation is due (wakes early on stop or a rate change). */
 void amdt_throttle_wait(amdt_worker *w, amdt_pace pace);
 
-/* A throttled stage's read and write threads release a chunk's bytes in steps of this many
- * across the chunk's reserved window, and count each step once done, rather than all at the
- * window's end: a throttle plays a device that delivers bytes as it goes. Counted per chunk,
+/* A throttled stage's read, network and write threads release a chunk's bytes in steps of this
+ * many across the chunk's reserved window, and count each step once done, rather than all at the
+ * window's end: a throttle plays a device or a link that delivers bytes as it goes. Counted per chunk,
  * readers that started together would deliver in lumps (an interval over the stage's total
  * limit, the next under it), and a thread added to a stage would show nothing for a whole
  * chunk's window (0.42 s for 4 MiB at 10 MB/s). The reservation stays one per chunk, so chunks
