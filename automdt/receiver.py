@@ -185,13 +185,28 @@ class ReceiverServer:
         self.embedded = embedded
         """Inside ``automdt transfer`` for a local destination: its one sender reports every refusal
         itself, so the server logs them at debug level only (a daemon logs them as warnings)."""
+        self._listen(port)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        # stop() writes a byte here so that serve_forever's poll returns at once, not on its timeout
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._deferred: "collections.deque[Tuple[bytes, Any]]" = collections.deque()
+        """Replies made in a thread (:class:`~automdt.session.Deferred`), sent by the serving loop."""
+
+    def _listen(self, port: int) -> None:
+        """The control socket: a ZeroMQ ROUTER bound to ``self.host`` and ``port`` (0: a free one,
+        then ``self.port``), a CURVE server when every session must encrypt.
+
+        :raises AutomdtError: exit 2 when the address cannot be bound."""
+        host = self.host
         self._ctx = zmq.Context()
         self.sock = self._ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        if encrypt and secret is not None:  # (checked above: encryption needs the secret)
-            self.sock.curve_publickey, self.sock.curve_secretkey = protocol.curve_server_keys(secret)
+        if self.encrypt and self.secret is not None:  # (checked before: encryption needs the secret)
+            self.sock.curve_publickey, self.sock.curve_secretkey = protocol.curve_server_keys(self.secret)
             self.sock.curve_server = True
         addr = f"[{host}]" if ":" in host else host
         if ":" in host:
@@ -206,13 +221,6 @@ class ReceiverServer:
             self.sock.close(0)
             self._ctx.term()
             raise errors.AutomdtError(f"cannot listen on {host}:{port}: {e.strerror}", errors.USAGE) from None
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        # stop() writes a byte here so that serve_forever's poll returns at once, not on its timeout
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._deferred: "collections.deque[Tuple[bytes, Any]]" = collections.deque()
-        """Replies made in a thread (:class:`~automdt.session.Deferred`), sent by the serving loop."""
 
     def claim(self, session: Session, f: PartialFile) -> None:
         """Make ``session`` the only writer of ``f``'s destination. Another session that still

@@ -178,20 +178,7 @@ def main(argv=None) -> int:
             res["link"] = f"tbf {a.link_mbps:g} MB/s between two namespaces" if net.use_ns else "loopback"
             res["disk_throttle"] = a.disk_throttle
             res["fair_share"] = a.fair_share
-            errp = os.path.join(work, "receiver.err")
-            with open(errp, "w") as err:
-                recv = subprocess.Popen(net.wrap("rcv", [PY, "-m", "automdt", "receive", "--listen",
-                                                         f"{net.ip_r}:{port}", "--root", root, "--secret-file", secret,
-                                                         "--max-sessions", str(n), "--max-memory", a.max_memory,
-                                                         "--metrics", "127.0.0.1:9215", *budget_args,
-                                                         *(["--throttle", a.disk_throttle] if a.disk_throttle else []),
-                                                         *([] if a.fair_share else ["--no-fair-share"])]),
-                                        stdout=subprocess.DEVNULL, stderr=err)
-            deadline = time.monotonic() + 60
-            while "receiving into" not in open(errp).read():
-                if recv.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("receiver did not start: " + open(errp).read())
-                time.sleep(0.05)
+            recv = _start_receiver(a, net, work, port, root, secret, budget_args)
             rpid = recv.pid  # `ip netns exec` execs the receiver: same pid
             time.sleep(0.5)
             idle = rss(rpid)
@@ -209,13 +196,7 @@ def main(argv=None) -> int:
             window_jain, window = _window_jain(work, sums, ends, a.bin)
             identical = [same_tree(os.path.join(work, f"src{i:02d}"), os.path.join(root, f"dst{i:02d}")) for i in range(n)]
             metrics = scrape(net, 9215)
-            # still serving: one more transfer after the storm
-            after = subprocess.run(net.wrap("snd", [PY, "-m", "automdt", "transfer", os.path.join(work, "src00"),
-                                                    f"{net.ip_r}:{port}/after", "--secret-file", secret, "--json",
-                                                    "--threads", "2,2,2"]),
-                                   capture_output=True, text=True, env=env, timeout=300)
-            res["still_serving"] = after.returncode == 0 and same_tree(os.path.join(work, "src00"),
-                                                                       os.path.join(root, "after"))
+            res["still_serving"] = _still_serving(net, work, port, root, secret, env)
             res["receiver_alive"] = recv.poll() is None
     finally:
         for p in procs:
@@ -239,6 +220,38 @@ def main(argv=None) -> int:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)
     return 0 if ok else 1
+
+
+def _start_receiver(a, net, work, port, root, secret, budget_args):
+    """``automdt receive`` in the receiving namespace, once it says it is receiving (its stderr
+    in ``work/receiver.err``)."""
+    errp = os.path.join(work, "receiver.err")
+    with open(errp, "w") as err:
+        recv = subprocess.Popen(net.wrap("rcv", [PY, "-m", "automdt", "receive", "--listen", f"{net.ip_r}:{port}",
+                                                 "--root", root, "--secret-file", secret,
+                                                 "--max-sessions", str(a.senders), "--max-memory", a.max_memory,
+                                                 "--metrics", "127.0.0.1:9215", *budget_args,
+                                                 *(["--throttle", a.disk_throttle] if a.disk_throttle else []),
+                                                 *([] if a.fair_share else ["--no-fair-share"])]),
+                                stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 60
+    while "receiving into" not in open(errp).read():
+        if recv.poll() is not None or time.monotonic() > deadline:
+            if recv.poll() is None:
+                recv.kill()
+                recv.wait()
+            raise SystemExit("receiver did not start: " + open(errp).read())
+        time.sleep(0.05)
+    return recv
+
+
+def _still_serving(net, work, port, root, secret, env) -> bool:
+    """Whether the receiver still serves after the storm: one more transfer, identical."""
+    after = subprocess.run(net.wrap("snd", [PY, "-m", "automdt", "transfer", os.path.join(work, "src00"),
+                                            f"{net.ip_r}:{port}/after", "--secret-file", secret, "--json",
+                                            "--threads", "2,2,2"]),
+                           capture_output=True, text=True, env=env, timeout=300)
+    return after.returncode == 0 and same_tree(os.path.join(work, "src00"), os.path.join(root, "after"))
 
 
 def _prepare(a):
