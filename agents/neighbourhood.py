@@ -55,10 +55,19 @@ def _scaled(rng: np.random.Generator, value: float, spread: float, lower_bound: 
     return v
 
 
+def confidence(profile: Profile) -> Dict[str, Dict[str, Any]]:
+    """Per stage, whether explore measured its rate and bandwidth or saw them only as lower bounds:
+    the profile's ``fit.confidence`` (what ``automdt explore`` writes), else the same judged from
+    its fit's per-stage details (:func:`automdt.simulator.fit.stage_confidence`; a profile fitted
+    by other means than the command, or without a fit, counts as measured)."""
+    from automdt.simulator.fit import stage_confidence
+
+    return ((profile.meta or {}).get("fit") or {}).get("confidence") or stage_confidence(profile)
+
+
 def true_path(profile: Profile, rng: np.random.Generator) -> Profile:
     """A path the explored ``profile`` could have measured (fit uncertainty and noise drawn)."""
-    fit = (profile.meta or {}).get("fit") or {}
-    conf = fit.get("confidence") or {}
+    conf = confidence(profile)
     stages = []
     for name, st in zip(("read", "net", "write"), profile.stages):
         c = conf.get(name) or {}
@@ -114,7 +123,7 @@ def trust(profile: Profile) -> Dict[str, Any]:
     explore saw only as a lower bound."""
     from automdt.simulator.profile import capacity
 
-    conf = ((profile.meta or {}).get("fit") or {}).get("confidence") or {}
+    conf = confidence(profile)
     n = np.arange(1, profile.max_threads + 1)
     caps, low, high = [], [], []
     for name, st in zip(("read", "net", "write"), profile.stages):

@@ -106,6 +106,16 @@ def test_the_trust_band_widens_with_the_fit_and_opens_for_lower_bounds():
     assert T.parse_trust({**band, "capacity": band["capacity"][:2]}) is None
 
 
+def test_the_trust_band_reads_lower_bounds_from_the_fit_when_the_summary_is_missing():
+    """A profile fitted without ``automdt explore``'s confidence summary (the engine ablation's
+    exploration writes none) still has no upper bound where its fit saw only a lower bound: a
+    barely busy writer measures far above a lower bound without the path having moved."""
+    fit = {"stages": {"write": {"tpt_lower_bound": True, "bandwidth_lower_bound": True}}}
+    band = NB.trust(_profile().replace(meta={"fit": fit}))
+    assert band["high"][2] is None and band["high"][0] is not None and band["high"][1] is not None
+    assert NB.trust(_profile())["high"][2] is not None  # no fit: measured
+
+
 def _random_file(tmp_path, learned="network"):
     rng = np.random.default_rng(0)
     d = T.FRAME_DIM * T.FRAME_STACK
