@@ -296,3 +296,12 @@ class RichProgressCallback(BaseCallback):
         if not self._closed:
             self._closed = True
             self.progress.stop()
+
+
+def silence_logger(model: Any) -> None:
+    """Give ``model`` an SB3 logger without outputs: SB3's default one creates an empty
+    ``$SB3_LOGDIR`` or ``/tmp/SB3-<time>`` directory on every ``learn()`` (AutoMDT's trainers
+    write their own curves, and a TensorBoard run sets its own logger)."""
+    from stable_baselines3.common.logger import Logger
+
+    model.set_logger(Logger(folder=None, output_formats=[]))

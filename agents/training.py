@@ -596,8 +596,9 @@ def make_model(profile: Profile, env: EnvSettings, config: PPOConfig, seed: int,
     """
     import torch as th
     from stable_baselines3 import PPO
-    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.utils import set_random_seed
+
+    from automdt.agents.callbacks import silence_logger
 
     th.set_num_threads(config.torch_threads)
     set_random_seed(seed)  # python `random`, numpy global, torch
@@ -614,9 +615,7 @@ def make_model(profile: Profile, env: EnvSettings, config: PPOConfig, seed: int,
                        "activation_fn": getattr(th.nn, config.activation)},
         seed=seed, device="cpu", verbose=0,
     )
-    # A logger without outputs: SB3's default one creates an empty $SB3_LOGDIR or /tmp/SB3-<time>
-    # directory on every learn() (the learning curve is written by this module instead).
-    model.set_logger(Logger(folder=None, output_formats=[]))
+    silence_logger(model)  # the learning curve is written by this module instead
     if init_from is None:
         return model, None
     init = ppo_mod.load_policy(init_from)

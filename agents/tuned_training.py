@@ -195,10 +195,10 @@ def learn(new_agent: Callable[[], T.TunedPolicy], sample: Callable[[np.random.Ge
     model = PPO("MlpPolicy", venv, n_steps=64, batch_size=256, n_epochs=5, gamma=0.9, gae_lambda=0.9,
                 learning_rate=3e-4, ent_coef=0.003, policy_kwargs={"net_arch": list(NET_ARCH)}, seed=seed,
                 device="cpu", verbose=0, tensorboard_log=tensorboard_log)
-    if tensorboard_log is None:  # SB3's default logger leaves an empty /tmp/SB3-<time> per learn()
-        from stable_baselines3.common.logger import Logger
+    if tensorboard_log is None:
+        from automdt.agents.callbacks import silence_logger
 
-        model.set_logger(Logger(folder=None, output_formats=[]))
+        silence_logger(model)
     with torch.no_grad():  # start from the default: "capacity" leads on every stage
         bias = model.policy.action_net.bias
         bias.zero_()

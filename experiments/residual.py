@@ -136,9 +136,9 @@ def train(timesteps: int, out: str, seed: int = 0, num_envs: int = 16, ent_coef:
     model = PPO("MlpPolicy", venv, n_steps=64, batch_size=min(512, 64 * num_envs), n_epochs=5, gamma=gamma,
                 learning_rate=3e-4,
                 ent_coef=ent_coef, policy_kwargs={"net_arch": [64, 64]}, seed=seed, device="cpu", verbose=0)
-    from stable_baselines3.common.logger import Logger
+    from automdt.agents.callbacks import silence_logger
 
-    model.set_logger(Logger(folder=None, output_formats=[]))  # the default leaves an empty /tmp/SB3-<time>
+    silence_logger(model)
     with torch.no_grad():  # start from the base controller: "keep" leads on every stage
         bias = model.policy.action_net.bias
         bias.zero_()
