@@ -222,7 +222,6 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
     Raises :class:`AutomdtError` (exit 14) when not even those moved data through every stage:
     then there is no profile to write.
     """
-    from automdt.simulator.fit import fit_profile, stage_confidence
     from automdt.simulator.profile import ProfileError, write_samples
 
     if plan is None:
@@ -240,28 +239,43 @@ def explore(src: str, dest: str, duration_s: float, opts: TransferOptions, seed:
         raise AutomdtError(_nothing_measured(summaries, rounds, seconds, opts, plan), errors.WEAK_FIT)
     if samples_path:  # the format of a profile's samples file (JSONL or CSV by suffix)
         write_samples(samples, samples_path)
-    buffers = (opts.memory, opts.memory)
     try:
-        profile = fit_profile(samples, interval_s=opts.interval_s, buffers=buffers, max_threads=opts.max_threads,
-                              chunk_bytes=opts.chunk_size)
+        profile = fit_samples(samples, src, dest, interval_s=opts.interval_s, memory=opts.memory,
+                              max_threads=opts.max_threads, chunk_size=opts.chunk_size)
     except ProfileError as e:  # a stage moved nothing in any interval: nothing to fit
         raise AutomdtError(f"no profile could be fitted from {len(samples)} interval(s) in {seconds:.0f} s: "
                            f"{str(e).removeprefix('fit_profile: ')}; explore longer or with more data",
                            errors.WEAK_FIT) from None
-    # the chunk size the path was explored with: the simulator shows its chunk effects (training)
-    # and where: a policy trained on this profile says so when it drives another path
-    explored = {"src": os.path.abspath(src), "dest": dest if parse_dest(dest)[0] is not None else os.path.abspath(dest),
-                "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    profile = profile.replace(meta=dict(profile.meta, chunk_bytes=int(opts.chunk_size), explored=explored))
     res = {"profile": profile, "samples": samples, "rounds": rounds, "seconds": seconds, "duration_s": duration_s,
            "summaries": summaries, "plan": plan, "partial_only": partial_only}
-    fit = profile.meta.setdefault("fit", {})
-    fit["confidence"] = stage_confidence(profile)
+    fit = profile.meta["fit"]
     fit["weak"] = res["weak_fit"] = weak_fit(profile, res)
     fit["explored_s"] = round(seconds, 1)
     fit["rounds"] = rounds
     fit["plan"] = plan
     return res
+
+
+def fit_samples(samples: List[Dict[str, Any]], src: str, dest: str, *, interval_s: float, memory: int,
+                max_threads: int, chunk_size: int) -> Any:
+    """Fit a profile to exploration samples of SRC -> DEST, as ``automdt explore`` writes it.
+
+    Besides the fit (:func:`automdt.simulator.fit.fit_profile`, given the chunk size so that the
+    simulator shows its chunk effects in training), the profile's meta records ``chunk_bytes``,
+    ``explored`` (SRC, DEST and when: a policy trained on the profile says so when it drives
+    another path) and ``fit["confidence"]`` per stage (what training's neighbourhood and a
+    tuned file's trust band read). Raises :class:`automdt.simulator.profile.ProfileError` when a
+    stage moved nothing in any sample.
+    """
+    from automdt.simulator.fit import fit_profile, stage_confidence
+
+    profile = fit_profile(samples, interval_s=interval_s, buffers=(memory, memory), max_threads=max_threads,
+                          chunk_bytes=chunk_size)
+    explored = {"src": os.path.abspath(src), "dest": dest if parse_dest(dest)[0] is not None else os.path.abspath(dest),
+                "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    profile = profile.replace(meta=dict(profile.meta, chunk_bytes=int(chunk_size), explored=explored))
+    profile.meta.setdefault("fit", {})["confidence"] = stage_confidence(profile)
+    return profile
 
 
 def _run_rounds(src: str, dest: str, duration_s: float, opts: TransferOptions, explorer: RandomExplorer) -> List[Summary]:

@@ -295,14 +295,14 @@ def _merge(rounds: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def _fit(cfg: Dict[str, Any], rounds: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """Exploration samples of every round -> a fitted profile (as automdt explore does)."""
-    from automdt.explore import record_to_sample
-    from automdt.simulator.fit import fit_profile
+    """Exploration samples of every round -> a fitted profile, as ``automdt explore`` writes it
+    (:func:`automdt.explore.fit_samples`: the chunk size, the explored path, each stage's confidence)."""
+    from automdt.explore import fit_samples, record_to_sample
 
     samples = [record_to_sample(rec, r["history"][j - 1] if j else None, int(cfg["chunk_size"]))
                for r in rounds for j, rec in enumerate(r["history"])]
-    prof = fit_profile(samples, interval_s=float(cfg["interval_s"]), buffers=(int(cfg["memory"]), int(cfg["memory"])),
-                       max_threads=int(cfg["max_threads"]))
+    prof = fit_samples(samples, cfg["src"], cfg["dest"], interval_s=float(cfg["interval_s"]), memory=int(cfg["memory"]),
+                       max_threads=int(cfg["max_threads"]), chunk_size=int(cfg["chunk_size"]))
     if cfg.get("profile_out"):
         prof.save(cfg["profile_out"])
     return {"path": cfg.get("profile_out"), "intervals": len(samples)}

@@ -48,6 +48,16 @@ def test_fit_recovers_throttled_rates_within_15_percent(make_tree, tmp_path):
     assert prof.bottleneck == "write"
     assert len(res["samples"]) >= 25
     assert again.meta["chunk_bytes"] == 1 << 20  # the simulator trains with the path's chunk effects
+    # the experiments' explore (a sender process of experiments/) writes the same profile from the same samples
+    from automdt.experiments.sender_proc import _fit
+
+    cfg = {"src": src, "dest": str(tmp_path / "dst"), "chunk_size": 1 << 20, "interval_s": 1.0, "memory": 32 << 20,
+           "max_threads": 8, "profile_out": str(tmp_path / "experiment.yaml")}
+    _fit(cfg, [{"history": s.history} for s in res["summaries"]])
+    theirs = Profile.load(tmp_path / "experiment.yaml")
+    assert [(st.tpt, st.bandwidth) for st in theirs.stages] == [(st.tpt, st.bandwidth) for st in again.stages]
+    assert theirs.meta["chunk_bytes"] == 1 << 20
+    assert theirs.meta["fit"]["confidence"] == again.meta["fit"]["confidence"]
 
 
 def test_explorer_probes_at_low_counts_and_ascends():
