@@ -78,19 +78,29 @@ def changed(true: Profile, kind: str, rng: np.random.Generator, steps: int = AB.
     return [(a, true.replace(net=network_change(true, kind, rng, drop=(0.25, 0.6), connections=(4, 33)))), (b, true)]
 
 
-def run_path(case: Any, out_dir: str, timesteps: Optional[int], seed: int = 0) -> List[Dict[str, Any]]:
-    """Train a file for one held-out path's explored profile, then score it and the default."""
+def run_path(case: Any, out_dir: str, timesteps: Optional[int], paths_seed: int = SEED, seed: int = 0
+             ) -> List[Dict[str, Any]]:
+    """Train a file for one held-out path's explored profile (training seed ``seed``), then score
+    it and the default; ``paths_seed`` (the held-out paths' seed) also draws the fit's error and
+    the changes."""
     from automdt.agents.neighbourhood import run_episode
     from automdt.agents.registry import make_policy
     from automdt.agents.tuned_training import train_tuned
 
-    rng = np.random.default_rng([SEED, zlib.crc32(case.name.encode())])
+    rng = np.random.default_rng([paths_seed, zlib.crc32(case.name.encode())])
     true = case.profile
     prof = explored(true, rng)
     path = os.path.join(out_dir, f"{case.name}.zip")
     t0 = time.monotonic()
-    rep = train_tuned(prof, path, timesteps=timesteps, seed=seed)
-    train_s = time.monotonic() - t0
+    if os.path.exists(path):  # --policies DIR of an earlier run: score that file again, untrained
+        from automdt.agents.tuned import load_tuned
+
+        meta = load_tuned(path).metadata
+        training = meta.get("training") or {}
+        learned, steps, train_s = str(meta["learned"]), training.get("timesteps"), float(training.get("wall_s", 0.0))
+    else:
+        rep = train_tuned(prof, path, timesteps=timesteps, seed=seed)
+        learned, steps, train_s = rep.learned, rep.timesteps, time.monotonic() - t0
     runs: List[Tuple[str, Episode]] = [("explored", Episode("explored", true, [], case.chunk_bytes))]
     for kind in CHANGES:
         for i in range(CHANGES_PER_PATH):
@@ -104,7 +114,7 @@ def run_path(case: Any, out_dir: str, timesteps: Optional[int], seed: int = 0) -
                              "controller": label, "whole": float(np.mean(fr)),
                              "scored": float(np.mean(fr[AB.SCORE_FROM:])), "first": float(fr[0])})
     for row in rows:
-        row.update(learned=rep.learned, train_s=round(train_s, 1), timesteps=rep.timesteps)
+        row.update(learned=learned, train_s=round(train_s, 1), timesteps=steps)
     return rows
 
 
@@ -172,7 +182,7 @@ def tables(path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _one(job: Tuple[Any, str, Optional[int]]) -> List[Dict[str, Any]]:
+def _one(job: Tuple[Any, str, Optional[int], int]) -> List[Dict[str, Any]]:
     return run_path(*job)
 
 
@@ -181,6 +191,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timesteps", type=int, default=None, help="training budget per path (default: train's)")
     p.add_argument("--workers", type=int, default=2, help="paths trained at once (default 2)")
     p.add_argument("--out", default="runs", help="parent directory of the run directory (default runs)")
+    p.add_argument("--seed", type=int, default=SEED, help=f"seed of the held-out paths (default {SEED}; another "
+                   "seed draws a fresh set, to confirm a change chosen on this one)")
+    p.add_argument("--policies", metavar="DIR", help="keep the trained files in DIR; a path whose file is there "
+                   "already is scored with it, not trained again (a change of a rule at run time, measured on the "
+                   "same files, without training's noise)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -189,10 +204,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a = p.parse_args(argv)
     out_dir = os.path.join(a.out, "workflow-" + time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out_dir, exist_ok=True)
-    cases = AB.held_out_cases(a.per_family, seed=SEED, families=FAMILIES)
+    cases = AB.held_out_cases(a.per_family, seed=a.seed, families=FAMILIES)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [(c, tmp, a.timesteps) for c in cases]
+        if a.policies:
+            os.makedirs(a.policies, exist_ok=True)
+        jobs = [(c, a.policies or tmp, a.timesteps, a.seed) for c in cases]
         if a.workers <= 1:
             rows = [r for j in jobs for r in _one(j)]
         else:
@@ -200,8 +217,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             with ProcessPoolExecutor(a.workers) as pool:
                 rows = [r for out in pool.map(_one, jobs) for r in out]
-    config = {"paths": len(cases), "seed": SEED, "families": list(FAMILIES), "changes": list(CHANGES),
-              "fit_error": FIT_ERROR, "reps": REPS, "timesteps": a.timesteps, "date": time.strftime("%Y-%m-%d"),
+    config = {"paths": len(cases), "seed": a.seed, "families": list(FAMILIES), "changes": list(CHANGES),
+              "fit_error": FIT_ERROR, "reps": REPS, "timesteps": a.timesteps, "policies": a.policies, "date": time.strftime("%Y-%m-%d"),
               "commit": AB._commit(), "seconds": round(time.monotonic() - t0, 1)}
     path = os.path.join(out_dir, "workflow-sim.json")
     with open(path, "w") as f:
